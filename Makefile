@@ -1,0 +1,41 @@
+# One entry point for the demo, the tests and the benchmarks. Every target installs what it
+# needs first (venv, Python packages, redis-server, Kafka and Spark jars), so a fresh machine
+# needs only these commands.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+.PHONY: setup test demo bench lint stack-up stack-down clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev,spark]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+	$(BIN)/python -m eoguard.stack jars
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+demo: setup
+	$(BIN)/eoguard demo
+
+bench: setup
+	$(BIN)/python -m bench
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+stack-up: setup
+	$(BIN)/python -m eoguard.stack up
+
+stack-down: setup
+	$(BIN)/python -m eoguard.stack down
+
+clean:
+	-$(BIN)/python -m eoguard.stack down --clean
+	rm -rf $(VENV) .cache

@@ -1,0 +1,37 @@
+"""``python -m eoguard.stack up|down|status|jars``: drive the local stack without the CLI extra."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from eoguard.errors import StackError
+from eoguard.stack import LocalStack, resolve
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eoguard.stack")
+    parser.add_argument("action", choices=["up", "down", "status", "jars"])
+    parser.add_argument("--clean", action="store_true", help="with down: delete the data too")
+    args = parser.parse_args(argv)
+    stack = LocalStack()
+    try:
+        if args.action == "up":
+            ends, started = stack.up()
+            print(json.dumps({**ends.as_env(), "started": started}))
+        elif args.action == "down":
+            stack.down(clean=args.clean)
+        elif args.action == "status":
+            print(json.dumps(stack.status(), indent=2))
+        else:
+            for kind in ("kafka", "spark"):
+                print(f"{kind}: {len(resolve(kind))} jars")
+    except StackError as exc:
+        print(f"eoguard stack: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""A single-node Apache Kafka broker in KRaft mode, run from its Maven Central jars on Java 17."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient
+
+from eoguard.errors import StackError
+from eoguard.stack import jars
+from eoguard.stack.process import ManagedProcess
+
+_LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.out.ref = out
+logger.kafka.name = kafka
+logger.kafka.level = warn
+logger.apache.name = org.apache.kafka
+logger.apache.level = warn
+logger.started.name = kafka.server.KafkaRaftServer
+logger.started.level = info
+"""
+
+# librdkafka logs every refused connection while the broker boots; readiness probes stay quiet.
+_QUIET = logging.getLogger("eoguard.stack.probe")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
+
+
+class KafkaBroker(ManagedProcess):
+    """Broker and controller in one process on loopback; data persists across restarts."""
+
+    name = "kafka"
+
+    def __init__(self, workdir: Path, *, port: int = 19092, controller_port: int = 19093,
+                 ready_timeout_s: float = 90.0, heap: str = "768m") -> None:
+        super().__init__(workdir, ready_timeout_s=ready_timeout_s)
+        self.port = port
+        self.controller_port = controller_port
+        self.heap = heap
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def _data_dir(self) -> Path:
+        return self.workdir / "data"
+
+    def _properties(self) -> str:
+        return "\n".join([
+            "process.roles=broker,controller",
+            "node.id=1",
+            f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
+            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names=CONTROLLER",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name=PLAINTEXT",
+            f"log.dirs={self._data_dir}",
+            "num.partitions=4",
+            "offsets.topic.replication.factor=1",
+            "offsets.topic.num.partitions=8",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "group.initial.rebalance.delay.ms=0",
+            "auto.create.topics.enable=true",
+            "log.retention.hours=24",
+            "",
+        ])
+
+    def _java(self) -> str:
+        java = shutil.which("java")
+        if java is None:
+            raise StackError("java (17 or newer) is needed to run Kafka; install openjdk-17-jre-headless")
+        return java
+
+    def _classpath(self) -> str:
+        return str(jars.resolve("kafka")[0].parent / "*")
+
+    def prepare(self) -> None:
+        props = self.workdir / "server.properties"
+        props.write_text(self._properties())
+        (self.workdir / "log4j2.properties").write_text(_LOG4J2)
+        if (self._data_dir / "meta.properties").is_file():
+            return  # formatted by an earlier start: keep the log (a restart is not a reset)
+        cluster_id = uuid.uuid4().hex[:22]
+        done = subprocess.run(
+            [self._java(), "-cp", self._classpath(), "kafka.tools.StorageTool", "format",
+             "-t", cluster_id, "-c", str(props)],
+            capture_output=True, text=True, check=False, timeout=120,
+        )
+        if done.returncode != 0:
+            raise StackError(f"formatting Kafka storage failed: {done.stdout}{done.stderr}".strip())
+
+    def command(self) -> list[str]:
+        return [
+            self._java(), f"-Xms256m", f"-Xmx{self.heap}", "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
+            "-cp", self._classpath(), "kafka.Kafka", str(self.workdir / "server.properties"),
+        ]
+
+    def is_ready(self) -> bool:
+        return broker_answers(self.address)
+
+
+def broker_answers(bootstrap: str, timeout_s: float = 1.0) -> bool:
+    """True when a metadata request to ``bootstrap`` is answered with at least one broker."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": _QUIET, "log_level": 0})
+    try:
+        return bool(admin.list_topics(timeout=timeout_s).brokers)
+    except Exception:  # noqa: BLE001 - any failure of the probe means "not ready yet"
+        return False

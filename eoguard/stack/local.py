@@ -1,0 +1,90 @@
+"""The local stack: one Kafka broker and one Redis, reused from the environment or started here.
+
+``EOGUARD_KAFKA_BOOTSTRAP`` and ``EOGUARD_REDIS_URL`` name services to use instead of starting
+any. Otherwise the stack starts its own on loopback ports (``EOGUARD_KAFKA_PORT``,
+``EOGUARD_REDIS_PORT``) under the cache folder, and ``down`` stops only what it started.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from eoguard.stack.kafka_broker import KafkaBroker
+from eoguard.stack.paths import cache_dir
+from eoguard.stack.redis_server import RedisServer
+
+
+@dataclass(frozen=True, kw_only=True)
+class Endpoints:
+    """Where the stack's services are, and whether this stack owns them."""
+
+    kafka_bootstrap: str
+    redis_url: str
+    kafka_managed: bool
+    redis_managed: bool
+
+    def as_env(self) -> dict[str, str]:
+        """The environment that points another process at these services."""
+        return {"EOGUARD_KAFKA_BOOTSTRAP": self.kafka_bootstrap, "EOGUARD_REDIS_URL": self.redis_url}
+
+
+class LocalStack:
+    """Starts, finds and stops the project's own Kafka and Redis processes."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root or cache_dir() / "run"
+        self.kafka = KafkaBroker(self.root / "kafka",
+                                 port=int(os.environ.get("EOGUARD_KAFKA_PORT", "19092")),
+                                 controller_port=int(os.environ.get("EOGUARD_KAFKA_PORT", "19092")) + 1)
+        self.redis = RedisServer(self.root / "redis",
+                                 port=int(os.environ.get("EOGUARD_REDIS_PORT", "16379")))
+
+    def endpoints(self) -> Endpoints:
+        """Endpoints without starting anything."""
+        kafka_env = os.environ.get("EOGUARD_KAFKA_BOOTSTRAP")
+        redis_env = os.environ.get("EOGUARD_REDIS_URL")
+        return Endpoints(
+            kafka_bootstrap=kafka_env or self.kafka.address,
+            redis_url=redis_env or self.redis.address,
+            kafka_managed=not kafka_env,
+            redis_managed=not redis_env,
+        )
+
+    def up(self) -> tuple[Endpoints, list[str]]:
+        """Start what is not already running; return the endpoints and the services started."""
+        ends = self.endpoints()
+        started: list[str] = []
+        if ends.redis_managed and self.redis.start():
+            started.append("redis")
+        if ends.kafka_managed and self.kafka.start():
+            started.append("kafka")
+        return ends, started
+
+    def down(self, services: list[str] | None = None, *, clean: bool = False) -> None:
+        """Stop the named managed services (all by default); ``clean`` also deletes their data."""
+        wanted = services or ["kafka", "redis"]
+        ends = self.endpoints()
+        if "kafka" in wanted and ends.kafka_managed:
+            self.kafka.stop()
+        if "redis" in wanted and ends.redis_managed:
+            self.redis.stop()
+        if clean:
+            for name in wanted:
+                shutil.rmtree(self.root / name, ignore_errors=True)
+
+    def status(self) -> dict[str, dict[str, object]]:
+        """Per service: address, whether the stack manages it, pid, and readiness."""
+        ends = self.endpoints()
+        return {
+            "kafka": {"address": ends.kafka_bootstrap, "managed": ends.kafka_managed,
+                      "pid": self.kafka.pid() if ends.kafka_managed else None,
+                      "ready": self.kafka.is_ready() if ends.kafka_managed else None,
+                      "log": str(self.kafka.log_path)},
+            "redis": {"address": ends.redis_url, "managed": ends.redis_managed,
+                      "pid": self.redis.pid() if ends.redis_managed else None,
+                      "ready": self.redis.is_ready() if ends.redis_managed else None,
+                      "log": str(self.redis.log_path)},
+        }

@@ -1,0 +1,140 @@
+"""A service process the stack starts, finds again through its pid file, and stops."""
+
+from __future__ import annotations
+
+import abc
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from eoguard.errors import StackError
+
+
+class ManagedProcess(abc.ABC):
+    """Template for one local service: subclasses say how to prepare, run and probe it.
+
+    State lives in ``workdir``: ``pid`` (the running process), ``service.log`` (its output).
+    ``start`` is idempotent: a live, ready process from an earlier start is reused.
+    """
+
+    name: str = "service"
+
+    def __init__(self, workdir: Path, *, ready_timeout_s: float = 60.0) -> None:
+        self.workdir = workdir
+        self.ready_timeout_s = ready_timeout_s
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "service.log"
+
+    @property
+    def _pid_path(self) -> Path:
+        return self.workdir / "pid"
+
+    @abc.abstractmethod
+    def prepare(self) -> None:
+        """Write config files and format data folders; called before every start."""
+
+    @abc.abstractmethod
+    def command(self) -> list[str]:
+        """The argv that runs the service in the foreground."""
+
+    @abc.abstractmethod
+    def is_ready(self) -> bool:
+        """True once the service answers a real request."""
+
+    @property
+    def address(self) -> str:
+        """Where clients reach the service, as they spell it."""
+        raise NotImplementedError
+
+    def pid(self) -> int | None:
+        """The pid of the running service, or None when it is not running."""
+        try:
+            pid = int(self._pid_path.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            return pid
+        if _is_zombie(pid):
+            return None
+        return pid
+
+    def start(self) -> bool:
+        """Start the service and wait until it is ready; return False if it already ran."""
+        if self.pid() is not None and self.is_ready():
+            return False
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.prepare()
+        with self.log_path.open("ab") as log:
+            proc = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=self.workdir, start_new_session=True,
+            )
+        self._pid_path.write_text(str(proc.pid))
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise StackError(
+                    f"{self.name} exited with code {proc.returncode} while starting; "
+                    f"its log is {self.log_path}"
+                )
+            if self.is_ready():
+                return True
+            time.sleep(0.2)
+        self.kill()
+        raise StackError(
+            f"{self.name} was not ready after {self.ready_timeout_s:.0f}s; its log is {self.log_path}"
+        )
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` (SIGKILL by default: a crash) and wait until the process is gone."""
+        pid = self.pid()
+        if pid is None:
+            return
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self.pid() is not None:
+            _reap(pid)
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Stop gracefully (SIGTERM), escalating to SIGKILL after 20 s."""
+        pid = self.pid()
+        if pid is None:
+            return
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and self.pid() is not None:
+            _reap(pid)
+            time.sleep(0.1)
+        self.kill()
+        self._pid_path.unlink(missing_ok=True)
+
+
+def _reap(pid: int) -> None:
+    """Collect our own child's exit status so it does not linger as a zombie."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"

@@ -1,0 +1,77 @@
+"""A Redis server from Debian's ``redis-server`` package, with AOF on."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import redis
+
+from eoguard.errors import StackError
+from eoguard.stack.process import ManagedProcess
+
+
+def ensure_redis_server() -> str:
+    """Path of ``redis-server``, installing Debian's package when missing and allowed (root)."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise StackError("redis-server is not installed; run: sudo apt-get install -y redis-server")
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "redis-server"]):
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                              env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        if done.returncode != 0:
+            raise StackError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
+    found = shutil.which("redis-server")
+    if not found:
+        raise StackError("apt-get installed redis-server but it is not on PATH")
+    return found
+
+
+class RedisServer(ManagedProcess):
+    """One Redis on loopback with AOF on.
+
+    ``appendfsync everysec`` is enough for the crashes the tests make: Redis write()s the AOF
+    buffer before it replies, so a SIGKILLed process loses nothing it acknowledged; only a
+    machine crash could lose the last second, which ``always`` would cover at a large cost.
+    """
+
+    name = "redis"
+
+    def __init__(self, workdir: Path, *, port: int = 16379, ready_timeout_s: float = 30.0) -> None:
+        super().__init__(workdir, ready_timeout_s=ready_timeout_s)
+        self.port = port
+
+    @property
+    def address(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def prepare(self) -> None:
+        conf = "\n".join([
+            "bind 127.0.0.1",
+            f"port {self.port}",
+            f"dir {self.workdir}",
+            "daemonize no",
+            "save ''",
+            "appendonly yes",
+            "appendfsync everysec",
+            "protected-mode yes",
+            "",
+        ])
+        (self.workdir / "redis.conf").write_text(conf)
+
+    def command(self) -> list[str]:
+        return [ensure_redis_server(), str(self.workdir / "redis.conf")]
+
+    def is_ready(self) -> bool:
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5,
+                             socket_timeout=0.5)
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()

@@ -1,0 +1,96 @@
+"""Session fixtures: the real local stack (Kafka, Redis), started once and stopped at the end.
+
+With ``--docker`` the stack comes from ``compose/docker-compose.yml`` through pytest-docker;
+otherwise from :mod:`eoguard.stack` (the process stack CI uses). ``EOGUARD_KAFKA_BOOTSTRAP`` /
+``EOGUARD_REDIS_URL`` point the tests at services that already run.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from eoguard.stack import Endpoints, LocalStack
+from eoguard.stack.kafka_broker import broker_answers
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--docker", action="store_true",
+                     help="run Kafka and Redis from compose/docker-compose.yml via pytest-docker")
+
+
+@pytest.fixture(scope="session")
+def local_stack() -> LocalStack:
+    """The process stack object (also used by fault tests to kill and restart services)."""
+    return LocalStack()
+
+
+@pytest.fixture(scope="session")
+def stack(request: pytest.FixtureRequest, local_stack: LocalStack) -> Iterator[Endpoints]:
+    """Endpoints of a running Kafka and Redis; fails loudly when they cannot be started."""
+    if request.config.getoption("--docker"):
+        yield request.getfixturevalue("docker_stack")
+        return
+    ends, started = local_stack.up()
+    yield ends
+    if started and not os.environ.get("EOGUARD_KEEP_STACK"):
+        local_stack.down(started)
+
+
+@pytest.fixture(scope="session")
+def docker_compose_file() -> str:
+    return str(ROOT / "compose" / "docker-compose.yml")
+
+
+@pytest.fixture(scope="session")
+def docker_stack(docker_ip: str, docker_services) -> Endpoints:  # type: ignore[no-untyped-def]
+    kafka = f"{docker_ip}:{docker_services.port_for('kafka', 9092)}"
+    redis_url = f"redis://{docker_ip}:{docker_services.port_for('redis', 6379)}/0"
+    docker_services.wait_until_responsive(timeout=120, pause=1, check=lambda: broker_answers(kafka))
+    return Endpoints(kafka_bootstrap=kafka, redis_url=redis_url, kafka_managed=False,
+                     redis_managed=False)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(stack: Endpoints) -> str:
+    return stack.kafka_bootstrap
+
+
+@pytest.fixture(scope="session")
+def redis_url(stack: Endpoints) -> str:
+    return stack.redis_url
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def key_prefix() -> str:
+    """A Redis key prefix of this test alone, so tests never see each other's keys."""
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def new_topic(kafka_bootstrap: str) -> Callable[..., str]:
+    """Create a fresh topic (default 4 partitions) and return its name."""
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+
+    def make(partitions: int = 4, prefix: str = "t") -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        futures = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
+        futures[name].result(timeout=30)
+        return name
+
+    return make
