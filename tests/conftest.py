@@ -8,6 +8,7 @@ otherwise from :mod:`eoguard.stack` (the process stack CI uses). ``EOGUARD_KAFKA
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +18,8 @@ import redis
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from eoguard.stack import Endpoints, LocalStack
-from eoguard.stack.kafka_broker import broker_answers
+from eoguard.stack.kafka_broker import KafkaBroker, broker_answers
+from eoguard.stack.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,8 +91,35 @@ def new_topic(kafka_bootstrap: str) -> Callable[..., str]:
 
     def make(partitions: int = 4, prefix: str = "t") -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:12]}"
-        futures = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
+        topic = NewTopic(name, num_partitions=partitions, replication_factor=1)
+        futures = admin.create_topics([topic])
         futures[name].result(timeout=30)
         return name
 
     return make
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis (AOF on) of this test alone, which the test may SIGKILL and restart."""
+    server = RedisServer(tmp_path / "redis", port=free_port())
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def private_kafka(tmp_path: Path) -> Iterator[KafkaBroker]:
+    """A single-node Kafka of this test alone, which the test may SIGKILL and restart."""
+    port = free_port()
+    broker = KafkaBroker(tmp_path / "kafka", port=port, controller_port=free_port())
+    broker.start()
+    yield broker
+    broker.stop()

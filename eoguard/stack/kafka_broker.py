@@ -104,7 +104,7 @@ class KafkaBroker(ManagedProcess):
 
     def command(self) -> list[str]:
         return [
-            self._java(), f"-Xms256m", f"-Xmx{self.heap}", "-XX:+UseG1GC",
+            self._java(), "-Xms256m", f"-Xmx{self.heap}", "-XX:+UseG1GC",
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
             "-cp", self._classpath(), "kafka.Kafka", str(self.workdir / "server.properties"),
@@ -116,7 +116,8 @@ class KafkaBroker(ManagedProcess):
 
 def broker_answers(bootstrap: str, timeout_s: float = 1.0) -> bool:
     """True when a metadata request to ``bootstrap`` is answered with at least one broker."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": _QUIET, "log_level": 0})
+    conf: dict[str, object] = {"bootstrap.servers": bootstrap, "logger": _QUIET, "log_level": 0}
+    admin = AdminClient(conf)  # type: ignore[arg-type]  # "logger" takes a Logger; the stubs omit it
     try:
         return bool(admin.list_topics(timeout=timeout_s).brokers)
     except Exception:  # noqa: BLE001 - any failure of the probe means "not ready yet"

@@ -24,6 +24,7 @@ class ManagedProcess(abc.ABC):
     def __init__(self, workdir: Path, *, ready_timeout_s: float = 60.0) -> None:
         self.workdir = workdir
         self.ready_timeout_s = ready_timeout_s
+        self._child: subprocess.Popen[bytes] | None = None  # set when this object started it
 
     @property
     def log_path(self) -> Path:
@@ -77,10 +78,12 @@ class ManagedProcess(abc.ABC):
                 self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=self.workdir, start_new_session=True,
             )
+        self._child = proc
         self._pid_path.write_text(str(proc.pid))
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
+                self._forget()
                 raise StackError(
                     f"{self.name} exited with code {proc.returncode} while starting; "
                     f"its log is {self.log_path}"
@@ -97,39 +100,48 @@ class ManagedProcess(abc.ABC):
         """Send ``sig`` (SIGKILL by default: a crash) and wait until the process is gone."""
         pid = self.pid()
         if pid is None:
+            self._forget()
             return
         try:
             os.killpg(pid, sig)
         except ProcessLookupError:
+            self._forget()
             return
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and self.pid() is not None:
-            _reap(pid)
+            self._reap()
             time.sleep(0.05)
+        self._forget()
 
     def stop(self) -> None:
         """Stop gracefully (SIGTERM), escalating to SIGKILL after 20 s."""
         pid = self.pid()
         if pid is None:
+            self._forget()
             return
         try:
             os.killpg(pid, signal.SIGTERM)
         except ProcessLookupError:
+            self._forget()
             return
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and self.pid() is not None:
-            _reap(pid)
+            self._reap()
             time.sleep(0.1)
         self.kill()
+        self._forget()
+
+    def _reap(self) -> None:
+        """Collect our own child's exit status so it does not linger as a zombie."""
+        if self._child is not None and self._child.poll() is not None:
+            self._child = None
+
+    def _forget(self) -> None:
+        """After the process is gone: reap it if it was our child, and drop its pid file."""
+        if self._child is not None:
+            self._child.wait(timeout=10)
+            self._child = None
         self._pid_path.unlink(missing_ok=True)
-
-
-def _reap(pid: int) -> None:
-    """Collect our own child's exit status so it does not linger as a zombie."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def _is_zombie(pid: int) -> bool:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
+from eoguard.errors import ConfigError
+
 DEFAULT_PREFIX = "eog"
 DEFAULT_SHARDS = 16
 
@@ -31,9 +33,9 @@ class KeySpace:
 
     def __post_init__(self) -> None:
         if not self.prefix or any(c in self.prefix for c in "{}: \t\n"):
-            raise ValueError(f"key prefix {self.prefix!r} must be non-empty, without braces, colons or spaces")
+            raise ConfigError(f"key prefix {self.prefix!r}: non-empty, no braces, colons or spaces")
         if not 1 <= self.shards <= 16384:
-            raise ValueError(f"shards must be in 1..16384, got {self.shards}")
+            raise ConfigError(f"shards must be in 1..16384, got {self.shards}")
 
     def shard_of(self, message_id: str) -> int:
         """The shard a message id belongs to (stable across processes and versions)."""
