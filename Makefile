@@ -11,11 +11,11 @@ STAMP   := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,spark]'
+	$(BIN)/pip install -q -e '.[dev,spark,metrics]'
 	touch $(STAMP)
 
 setup: $(STAMP)
-	$(BIN)/python -m eoguard.stack jars
+	$(BIN)/python -m eoguard.stack install
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

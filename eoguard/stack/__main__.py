@@ -1,4 +1,4 @@
-"""``python -m eoguard.stack up|down|status|jars``: drive the local stack without the CLI extra."""
+"""``python -m eoguard.stack up|down|status|install``: drive the local stack without the CLI extra."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import sys
 
 from eoguard.errors import StackError
 from eoguard.stack import LocalStack, resolve
+from eoguard.stack.redis_server import ensure_redis_server
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eoguard.stack")
-    parser.add_argument("action", choices=["up", "down", "status", "jars"])
+    parser.add_argument("action", choices=["up", "down", "status", "install"])
     parser.add_argument("--clean", action="store_true", help="with down: delete the data too")
     args = parser.parse_args(argv)
     stack = LocalStack()
@@ -24,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
             stack.down(clean=args.clean)
         elif args.action == "status":
             print(json.dumps(stack.status(), indent=2))
-        else:
+        else:  # install: everything the stack needs, without starting it
+            print(f"redis-server: {ensure_redis_server()}")
             for kind in ("kafka", "spark"):
                 print(f"{kind}: {len(resolve(kind))} jars")
     except StackError as exc:

@@ -1,0 +1,43 @@
+"""The public API is exactly ``eoguard.__all__``: a change to it is a deliberate change here."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import eoguard
+import eoguard.errors
+
+PACKAGE = Path(eoguard.__file__).parent
+
+
+def test_all_is_sorted_unique_and_importable() -> None:
+    names = list(eoguard.__all__)
+    assert names == sorted(set(names))
+    for name in names:
+        assert hasattr(eoguard, name), name
+
+
+def test_every_error_is_public_and_named_error() -> None:
+    errors = [v for v in vars(eoguard.errors).values()
+              if isinstance(v, type) and issubclass(v, eoguard.errors.EoguardError)]
+    assert len(errors) > 10
+    for cls in errors:
+        assert cls.__name__.endswith("Error")
+        assert cls.__name__ in eoguard.__all__, f"{cls.__name__} is not exported"
+        assert cls.__name__ in (eoguard.errors.__doc__ or ""), f"{cls.__name__} missing from the tree"
+
+
+def test_the_package_never_imports_pyspark() -> None:
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                    else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path}: {m}" for m in mods if m.split(".")[0] == "pyspark"]
+    assert offenders == []
+
+
+def test_the_package_is_typed() -> None:
+    assert (PACKAGE / "py.typed").is_file()
