@@ -10,7 +10,6 @@ STAMP   := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,spark,metrics]'
 	touch $(STAMP)
 
