@@ -17,6 +17,7 @@ redis-py and confluent-kafka are wrapped at the boundary (``raise ... from exc``
     ├── BrokerError                 Kafka refused or failed an operation
     │   └── BrokerUnavailableError  Kafka cannot be reached within the timeout
     ├── ProducerError
+    │   ├── InvalidMessageError     a send argument is invalid (empty topic, bad ttl, value type)
     │   ├── MessageTooLargeError    an encoded record exceeds the configured maximum
     │   ├── BackpressureError       the in-memory queue stayed full past the send timeout
     │   ├── PersistError            persist-first mode could not write the outbox
@@ -96,6 +97,10 @@ class BrokerUnavailableError(BrokerError):
 
 class ProducerError(EoguardError):
     """A GuardedProducer operation failed."""
+
+
+class InvalidMessageError(ProducerError, ValueError):
+    """A ``send`` argument is invalid: empty topic, non-positive ttl, value of the wrong type."""
 
 
 class MessageTooLargeError(ProducerError):

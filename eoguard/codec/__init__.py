@@ -1,0 +1,16 @@
+"""Avro codec: the envelope as single-object encoded Kafka values, payloads, schemas."""
+
+from eoguard.codec.envelope_codec import ENVELOPE_SCHEMA, HEADER_SIZE, MAGIC, EnvelopeCodec
+from eoguard.codec.payload import PayloadCodec
+from eoguard.codec.schemas import RegisteredSchema, SchemaRegistry, fingerprint_of
+
+__all__ = [
+    "ENVELOPE_SCHEMA",
+    "HEADER_SIZE",
+    "MAGIC",
+    "EnvelopeCodec",
+    "PayloadCodec",
+    "RegisteredSchema",
+    "SchemaRegistry",
+    "fingerprint_of",
+]
