@@ -24,7 +24,8 @@ redis-py and confluent-kafka are wrapped at the boundary (``raise ... from exc``
     │   └── ProducerClosedError     send after close
     ├── ConsumerError
     │   └── DeadLetterError         a record could not be routed to the dead-letter topic
-    └── StackError                  the local stack (Kafka, Redis, jars) failed to start
+    ├── StackError                  the local stack (Kafka, Redis, jars) failed to start
+    └── DemoError                   the demo could not run (a worker crashed, a topic not created)
 """
 
 from __future__ import annotations
@@ -134,3 +135,7 @@ class DeadLetterError(ConsumerError):
 
 class StackError(EoguardError):
     """The local stack could not start a service; the message names its log file."""
+
+
+class DemoError(EoguardError):
+    """``eoguard demo`` could not run: a worker process crashed or a topic was not created."""

@@ -6,6 +6,8 @@ hash slot and the same code runs on Redis Cluster:
     {prefix}:ob:{<shard>}:idx              outbox index of shard <shard> (sorted set)
     {prefix}:ob:{<shard>}:r:<id>           outbox record of message <id> (hash)
     {prefix}:dd:{<scope>/<shard>}:<id>     dedup key of message <id> in consumer scope <scope>
+    {prefix}:fx:{<scope>/<shard>}:<name>   a transactional handler's effect key, in the hash
+                                           slot of the dedup keys of <shard> (Cluster-safe)
     {prefix}:live:{producers}              live producer leases (sorted set: instance -> deadline)
     {prefix}:live:{consumers}              live consumer leases (sorted set: instance -> deadline)
 
@@ -41,6 +43,10 @@ class KeySpace:
         """The shard a message id belongs to (stable across processes and versions)."""
         return zlib.crc32(message_id.encode()) % self.shards
 
+    def pattern(self) -> str:
+        """SCAN pattern for every key under this prefix (one pass for ``eoguard status``)."""
+        return f"{self.prefix}:*"
+
     # Outbox ---------------------------------------------------------------
     def outbox_index(self, shard: int) -> str:
         return f"{self.prefix}:ob:{{{shard}}}:idx"
@@ -59,6 +65,18 @@ class KeySpace:
     def dedup_pattern(self, scope: str | None = None) -> str:
         """SCAN pattern for the dedup keys of one scope, or of every scope."""
         return f"{self.prefix}:dd:{{{scope}/*" if scope else f"{self.prefix}:dd:*"
+
+    def effect(self, scope: str, message_id: str, name: str) -> str:
+        """Key ``name`` of a handler's Redis-side effects, in the slot of ``message_id``'s dedup key.
+
+        The done script applies effects atomically with the done mark; on Redis Cluster that
+        only works for keys sharing the dedup key's hash tag, which this builds.
+        """
+        return f"{self.prefix}:fx:{{{scope}/{self.shard_of(message_id)}}}:{name}"
+
+    def effect_pattern(self, scope: str, name: str = "*") -> str:
+        """SCAN pattern for the effect keys called ``name`` of one scope, over every shard."""
+        return f"{self.prefix}:fx:{{{scope}/*}}:{name}"
 
     # Liveness -------------------------------------------------------------
     def live_producers(self) -> str:

@@ -1,0 +1,347 @@
+"""Configuration, given at construction as frozen keyword-only dataclasses.
+
+Invalid values raise :class:`eoguard.errors.ConfigError` when the object is built, never
+later. Secrets (passwords, SASL credentials, TLS keys) never appear in a ``repr`` or a log.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from eoguard.errors import ConfigError
+from eoguard.store.client import RedisClient
+from eoguard.store.keys import KeySpace
+
+__all__ = [
+    "ConsumerConfig",
+    "KeepUntil",
+    "PersistenceMode",
+    "ProducerConfig",
+    "RedisConfig",
+    "redact",
+]
+
+log = logging.getLogger(__name__)
+
+_SECRET_KEY = re.compile(r"password|secret|sasl\.(username|oauthbearer|kerberos\.keytab|jaas)"
+                         r"|ssl\.key|ssl_key|token|credential", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"(?<=://)([^:/@]*):([^@/]*)@")
+_REDACTED = "***"
+
+LIBRDKAFKA_MESSAGE_TIMEOUT_MS = 300_000
+"""librdkafka's default ``message.timeout.ms`` (alias ``delivery.timeout.ms``)."""
+
+
+def redact(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``conf`` with every secret-looking value replaced by ``'***'``."""
+    return {k: _REDACTED if _SECRET_KEY.search(k) else v for k, v in conf.items()}
+
+
+def _redact_url(url: str | None) -> str | None:
+    return None if url is None else _URL_PASSWORD.sub(r"\1:***@", url)
+
+
+def _positive(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"{name} must be a positive number, got {value!r}")
+
+
+# --- Redis -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RedisConfig:
+    """Where the outbox and the dedup keys live: a URL, or a client the application built.
+
+    ``username``/``password`` (Redis ACL) and ``options`` (``ssl_ca_certs``, ``ssl_certfile``,
+    ``ssl_keyfile``, ``ssl_cert_reqs``, ``retry``, ...) go straight to redis-py. Use a
+    ``rediss://`` URL for TLS. An injected client must use ``decode_responses=False``.
+    """
+
+    url: str | None = None
+    client: RedisClient | None = field(default=None, repr=False, compare=False)
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    socket_timeout_s: float = 5.0
+    connect_timeout_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if (self.url is None) == (self.client is None):
+            raise ConfigError("RedisConfig needs exactly one of url= or client=")
+        if self.url is not None and not self.url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError(f"Redis url must start with redis://, rediss:// or unix://, "
+                              f"got {_redact_url(self.url)!r}")
+        _positive("socket_timeout_s", self.socket_timeout_s)
+        _positive("connect_timeout_s", self.connect_timeout_s)
+        if self.client is not None:
+            kwargs: Mapping[str, Any] = getattr(self.client, "get_connection_kwargs", dict)()
+            if kwargs.get("decode_responses"):
+                raise ConfigError("the injected Redis client must use decode_responses=False")
+
+    def __repr__(self) -> str:
+        target = "client=<injected>" if self.client is not None else f"url={_redact_url(self.url)!r}"
+        return (f"RedisConfig({target}, username={self.username!r}, "
+                f"password={'***' if self.password else None}, options={redact(self.options)!r})")
+
+    def connect(self) -> RedisClient:
+        """The injected client, or a new redis-py client for ``url``."""
+        if self.client is not None:
+            return self.client
+        import redis  # noqa: PLC0415 - only a URL config needs redis-py's constructor
+
+        kwargs: dict[str, Any] = {
+            "socket_timeout": self.socket_timeout_s,
+            "socket_connect_timeout": self.connect_timeout_s,
+            "health_check_interval": 30,
+            **self.options,
+        }
+        if self.username is not None:
+            kwargs["username"] = self.username
+        if self.password is not None:
+            kwargs["password"] = self.password
+        assert self.url is not None
+        try:
+            client: RedisClient = redis.Redis.from_url(self.url, **kwargs)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"invalid Redis configuration: {exc}") from exc
+        return client
+
+
+# --- Producer ----------------------------------------------------------------------------
+
+
+class PersistenceMode(str, enum.Enum):
+    """When the producer writes a message to the Redis outbox.
+
+    ``PERSIST_FIRST``: every message is written to Redis (batched, one round trip) before it
+    is produced; ``on_guaranteed`` fires after the write. Costs one Redis write per message.
+    ``DELAYED``: produce at once, keep the message in memory, and write it to Redis only if
+    Kafka has not acknowledged it within the adaptive delay; ``on_guaranteed`` fires on the
+    first of the two. Saves most Redis writes; a crash inside the delay loses only messages
+    not yet guaranteed, which the application still holds.
+    """
+
+    PERSIST_FIRST = "persist-first"
+    DELAYED = "delayed"
+
+
+class KeepUntil(str, enum.Enum):
+    """When an outbox record is deleted (its TTL deletes it at expiry in every case)."""
+
+    CONSUMED = "consumed"  # the consumer scope's end-to-end ack deletes it
+    PUBLISHED = "published"  # Kafka's acknowledgement deletes it
+
+
+_ACKS_ALL = {"all", "-1"}
+_TRUE = {"true", "1"}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProducerConfig:
+    """Everything a :class:`eoguard.GuardedProducer` needs, checked at construction.
+
+    ``kafka`` passes through to librdkafka (bootstrap, TLS/SASL, linger, batch size);
+    :meth:`kafka_config` forces ``acks=all`` and ``enable.idempotence=true``.
+    ``resend_after_s`` (default: ``message.timeout.ms`` + 15 s) is how long a record may stay
+    unacknowledged before another producer may resend it; it must exceed librdkafka's own
+    delivery timeout, so a resend never races librdkafka's retries of a live producer.
+    """
+
+    kafka: Mapping[str, Any] = field(repr=False)
+    redis: RedisConfig
+    mode: PersistenceMode = PersistenceMode.PERSIST_FIRST
+    keep_until: KeepUntil = KeepUntil.CONSUMED
+    default_ttl_s: float = 86_400.0
+    max_message_bytes: int = 1_000_000
+    max_queue_messages: int = 100_000
+    max_queue_bytes: int = 64 * 1024 * 1024
+    send_timeout_s: float = 5.0
+    delay_min_ms: int = 20
+    delay_max_ms: int = 1_000
+    lease_s: float = 10.0
+    resend_after_s: float | None = None
+    recover_interval_s: float = 5.0
+    recover_on_start: bool = True
+    batch_max_messages: int = 1_000
+    keyspace: KeySpace = field(default_factory=KeySpace)
+    instance_id: str | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "mode", PersistenceMode(self.mode))
+            object.__setattr__(self, "keep_until", KeepUntil(self.keep_until))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        if not isinstance(self.kafka, Mapping) or not self.kafka.get("bootstrap.servers"):
+            raise ConfigError("kafka config must be a mapping with 'bootstrap.servers'")
+        object.__setattr__(self, "kafka", dict(self.kafka))
+        if not isinstance(self.redis, RedisConfig):
+            raise ConfigError("redis must be a RedisConfig")
+        for name in ("default_ttl_s", "max_message_bytes", "max_queue_messages",
+                     "max_queue_bytes", "send_timeout_s", "lease_s", "recover_interval_s",
+                     "batch_max_messages"):
+            _positive(name, getattr(self, name))
+        if not 0 < self.delay_min_ms <= self.delay_max_ms:
+            raise ConfigError(f"need 0 < delay_min_ms <= delay_max_ms, "
+                              f"got {self.delay_min_ms} and {self.delay_max_ms}")
+        if self.max_message_bytes > self.max_queue_bytes:
+            raise ConfigError("max_message_bytes must not exceed max_queue_bytes")
+        timeout_ms = self.message_timeout_ms
+        if self.resend_after_s is not None:
+            _positive("resend_after_s", self.resend_after_s)
+            if self.resend_after_s * 1000 <= timeout_ms:
+                raise ConfigError(
+                    f"resend_after_s ({self.resend_after_s}) must exceed librdkafka's "
+                    f"message.timeout.ms ({timeout_ms} ms): a live producer is still retrying"
+                )
+        if self.lease_s < 0.3:
+            raise ConfigError("lease_s must be at least 0.3 s (heartbeats run every lease_s/3)")
+        if self.instance_id is not None and not self.instance_id:
+            raise ConfigError("instance_id must be non-empty when given")
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__dataclass_fields__
+                          if name != "kafka")
+        return f"ProducerConfig(kafka={redact(self.kafka)!r}, {shown})"
+
+    @property
+    def message_timeout_ms(self) -> int:
+        """librdkafka's delivery timeout in effect (``message.timeout.ms``)."""
+        value = self.kafka.get("message.timeout.ms", self.kafka.get("delivery.timeout.ms"))
+        if value is None:
+            return LIBRDKAFKA_MESSAGE_TIMEOUT_MS
+        try:
+            return int(value)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"message.timeout.ms must be an integer, got {value!r}") from exc
+
+    @property
+    def resend_after_ms(self) -> int:
+        """Delivery timeout after which a pending record is due for resend."""
+        if self.resend_after_s is not None:
+            return int(self.resend_after_s * 1000)
+        return self.message_timeout_ms + 15_000
+
+    def kafka_config(self) -> dict[str, Any]:
+        """The librdkafka dict: the user's settings with ``acks=all`` and idempotence forced.
+
+        A user value that differs is overridden with a warning naming the setting and the
+        value (never a secret: only these two keys are logged).
+        """
+        conf = dict(self.kafka)
+        acks = conf.pop("acks", conf.pop("request.required.acks", None))
+        if acks is not None and str(acks).lower() not in _ACKS_ALL:
+            log.warning("eoguard forces acks=all (the configuration had acks=%r)", acks)
+        idem = conf.get("enable.idempotence")
+        if idem is not None and str(idem).lower() not in _TRUE:
+            log.warning("eoguard forces enable.idempotence=true (the configuration had %r)", idem)
+        conf["acks"] = "all"
+        conf["enable.idempotence"] = True
+        return conf
+
+
+# --- Consumer ----------------------------------------------------------------------------
+
+_FALSE = {"false", "0"}
+_CONNECTION_KEYS = ("bootstrap.servers", "client.id", "security.", "sasl.", "ssl.",
+                    "socket.", "broker.address.family")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ConsumerConfig:
+    """Everything a :class:`eoguard.GuardedConsumer` needs, checked at construction.
+
+    ``kafka`` passes through to librdkafka and must name ``bootstrap.servers`` and ``group.id``;
+    :meth:`kafka_config` turns ``enable.auto.commit`` and ``enable.auto.offset.store`` off
+    (offsets are stored only after a batch is done) and defaults ``auto.offset.reset`` to
+    ``earliest``. ``scope`` is the dedup namespace: each scope handles a message once.
+    The claim ``lease_s`` must outlast a batch's handling; ``busy_wait_s`` bounds how long a
+    batch waits on a claim another owner holds; dedup keys live until ``expires_at + grace_s``.
+    The dead-letter topic defaults to ``<scope>.dead-letter``.
+    """
+
+    kafka: Mapping[str, Any] = field(repr=False)
+    redis: RedisConfig
+    scope: str
+    topics: tuple[str, ...]
+    batch_size: int = 500
+    poll_timeout_s: float = 1.0
+    lease_s: float = 30.0
+    grace_s: float = 300.0
+    max_retries: int = 3
+    retry_backoff_s: float = 0.2
+    retry_backoff_max_s: float = 5.0
+    busy_wait_s: float = 30.0
+    dead_letter_topic: str | None = None
+    expired_to_dead_letter: bool = False
+    ack_outbox: bool = True
+    keyspace: KeySpace = field(default_factory=KeySpace)
+    instance_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kafka, Mapping) or not self.kafka.get("bootstrap.servers"):
+            raise ConfigError("kafka config must be a mapping with 'bootstrap.servers'")
+        if not self.kafka.get("group.id"):
+            raise ConfigError("kafka config must name the consumer group ('group.id')")
+        object.__setattr__(self, "kafka", dict(self.kafka))
+        if not isinstance(self.redis, RedisConfig):
+            raise ConfigError("redis must be a RedisConfig")
+        if not self.scope or any(c in self.scope for c in "|{}"):
+            raise ConfigError(f"scope {self.scope!r} must be non-empty, without '|', '{{', '}}'")
+        if isinstance(self.topics, str) or not self.topics or not all(self.topics):
+            raise ConfigError("topics must be a non-empty sequence of topic names")
+        object.__setattr__(self, "topics", tuple(self.topics))
+        for name in ("batch_size", "poll_timeout_s", "lease_s", "grace_s", "retry_backoff_s",
+                     "retry_backoff_max_s", "busy_wait_s"):
+            _positive(name, getattr(self, name))
+        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) \
+                or self.max_retries < 0:
+            raise ConfigError(f"max_retries must be an integer >= 0, got {self.max_retries!r}")
+        max_poll_s = int(self.kafka.get("max.poll.interval.ms", 300_000)) / 1000
+        if self.busy_wait_s + self.lease_s >= max_poll_s:
+            raise ConfigError(f"busy_wait_s + lease_s ({self.busy_wait_s + self.lease_s} s) must "
+                              f"stay below max.poll.interval.ms ({max_poll_s} s)")
+        if self.dead_letter_topic is not None and not self.dead_letter_topic:
+            raise ConfigError("dead_letter_topic must be non-empty when given")
+        if self.instance_id is not None and not self.instance_id:
+            raise ConfigError("instance_id must be non-empty when given")
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__dataclass_fields__
+                          if name != "kafka")
+        return f"ConsumerConfig(kafka={redact(self.kafka)!r}, {shown})"
+
+    @property
+    def dead_letter(self) -> str:
+        """The dead-letter topic in effect."""
+        return self.dead_letter_topic or f"{self.scope}.dead-letter"
+
+    def kafka_config(self) -> dict[str, Any]:
+        """The librdkafka consumer dict: offsets stored and committed by eoguard only.
+
+        A user value that differs is overridden with a warning naming the setting.
+        """
+        conf = dict(self.kafka)
+        for key in ("enable.auto.commit", "enable.auto.offset.store"):
+            value = conf.get(key)
+            if value is not None and str(value).lower() not in _FALSE:
+                log.warning("eoguard forces %s=false (the configuration had %r): offsets are "
+                            "committed only after a batch is done", key, value)
+            conf[key] = False
+        conf.setdefault("auto.offset.reset", "earliest")
+        return conf
+
+    def producer_kafka_config(self) -> dict[str, Any]:
+        """The librdkafka producer dict for dead letters and read-process-write outputs.
+
+        The connection and security settings of ``kafka``, with ``acks=all`` and idempotence.
+        """
+        conf = {k: v for k, v in self.kafka.items() if k.startswith(_CONNECTION_KEYS)}
+        conf.update({"acks": "all", "enable.idempotence": True, "linger.ms": 5})
+        return conf

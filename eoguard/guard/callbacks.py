@@ -1,0 +1,65 @@
+"""Runs the application's on_guaranteed / on_failed callbacks on eoguard's own thread.
+
+Callbacks are queued in batches by the threads that settle messages (after they released
+their locks) and run here one by one, in order. A callback that raises is logged and the
+next one runs: an application bug never stops delivery.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Sequence
+
+from eoguard.errors import EoguardError
+from eoguard.guard.messages import PendingMessage
+
+__all__ = ["CallbackDispatcher"]
+
+log = logging.getLogger(__name__)
+
+Settled = tuple[PendingMessage, EoguardError | None]
+"""A message whose handle was just settled; the error is None when it was guaranteed."""
+
+
+class CallbackDispatcher:
+    """One daemon thread that runs callbacks of settled messages, then wakes handle waiters."""
+
+    def __init__(self, done: threading.Condition, name: str = "eoguard-callbacks") -> None:
+        self._done = done
+        self._queue: queue.SimpleQueue[Sequence[Settled] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+        self.errors = 0
+
+    def submit(self, settled: Sequence[Settled], *, wake: bool = False) -> None:
+        """Queue a batch of settled messages (cheap: one queue put per batch).
+
+        ``wake``: messages were settled without a callback to run; wake handle waiters.
+        """
+        if settled or wake:
+            self._queue.put(settled)
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Run what is queued, then stop the thread."""
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            batch = self._queue.get()
+            if batch is None:
+                return
+            for msg, error in batch:
+                try:
+                    if error is None:
+                        if msg.on_guaranteed is not None:
+                            msg.on_guaranteed(msg.handle)
+                    elif msg.on_failed is not None:
+                        msg.on_failed(msg.handle, error)
+                except Exception:  # an application callback must not stop delivery
+                    self.errors += 1
+                    log.exception("a callback of message %s raised; ignored", msg.handle.id)
+            with self._done:
+                self._done.notify_all()

@@ -1,0 +1,207 @@
+"""The producer's background threads: the Kafka poll thread and the outbox flusher.
+
+The poll thread serves librdkafka's delivery reports (:class:`Deliveries` settles them).
+The flusher runs the outbox writes (:class:`OutboxWriter`), in send order: persist-first
+writes each batch and then hands it to Kafka; delayed writes only what is still
+unacknowledged when the adaptive delay ends. The maintenance thread marks acknowledged
+records published (concurrently with the writes: the two Redis waits overlap), renews the
+liveness lease, updates the delay and runs recovery. No thread here runs application
+callbacks: settled messages go to the :class:`CallbackDispatcher` after the lock is released.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Any
+
+from eoguard.config import PersistenceMode, ProducerConfig
+from eoguard.errors import StoreError
+from eoguard.guard.callbacks import CallbackDispatcher
+from eoguard.guard.delay import DelayInputs, DelayPolicy
+from eoguard.guard.deliveries import Deliveries
+from eoguard.guard.messages import Counters, PendingMessage
+from eoguard.guard.outbox_queue import LogQueue
+from eoguard.guard.recovery import Recovery
+from eoguard.guard.writer import OutboxWriter
+from eoguard.kafka.producer import KafkaProducer
+from eoguard.store.liveness import Liveness
+from eoguard.store.outbox import Outbox
+
+__all__ = ["ProducerEngine"]
+
+_DELAY_UPDATE_S = 0.1
+_PRODUCE_RETRY_S = 0.005  # librdkafka's queue was full: try again this soon
+
+
+class ProducerEngine:
+    """Background work of one GuardedProducer; see the module docstring."""
+
+    def __init__(self, *, config: ProducerConfig, instance_id: str, queue: LogQueue,
+                 kafka: KafkaProducer, outbox: Outbox, liveness: Liveness, recovery: Recovery,
+                 dispatcher: CallbackDispatcher,
+                 reports: collections.deque[tuple[Any, Any, Any]]) -> None:
+        self.config = config
+        self.instance_id = instance_id
+        self.delayed = config.mode is PersistenceMode.DELAYED
+        self.queue = queue
+        self.kafka = kafka
+        self.liveness = liveness
+        self.recovery = recovery
+        self.counters = Counters()
+        self.deliveries = Deliveries(delayed=self.delayed, queue=queue, counters=self.counters,
+                                     dispatcher=dispatcher, reports=reports)
+        self.writer = OutboxWriter(config=config, instance_id=instance_id, delayed=self.delayed,
+                                   queue=queue, counters=self.counters, kafka=kafka,
+                                   outbox=outbox, dispatcher=dispatcher)
+        self.policy = DelayPolicy(min_ms=config.delay_min_ms, max_ms=config.delay_max_ms,
+                                  max_messages=config.max_queue_messages,
+                                  max_bytes=config.max_queue_bytes)
+        self.delay_ms: float = float(config.delay_max_ms)
+        self.live_producers = 0
+        self._kafka_blocked = False
+        now = time.monotonic()
+        self._next_heartbeat = now + config.lease_s / 3
+        self._next_delay_update = now
+        self._next_recovery = now + config.recover_interval_s
+        self._stopping = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._poll_loop, name="eoguard-poll", daemon=True),
+            threading.Thread(target=self._flush_loop, name="eoguard-flush", daemon=True),
+            threading.Thread(target=self._maintain_loop, name="eoguard-maintain", daemon=True),
+        ]
+
+    @property
+    def store_available(self) -> bool:
+        return self.writer.store_available
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout_s: float) -> None:
+        """Stop both threads (the flusher finishes its current step)."""
+        self._stopping.set()
+        with self.queue.lock:
+            self.queue.work.notify_all()
+            self.queue.marks.notify_all()
+        for thread in self._threads:
+            thread.join(timeout_s)
+
+    # Poll thread ---------------------------------------------------------------------
+    def _poll_loop(self) -> None:
+        while not self._stopping.is_set():
+            self.kafka.poll(0.05)
+            if self.deliveries.reports:
+                self.deliveries.process()
+
+    # Flusher thread: outbox writes, in send order -----------------------------------
+    def _flush_loop(self) -> None:
+        q, writer = self.queue, self.writer
+        while True:
+            # Serve and settle the delivery reports librdkafka already has, on this thread:
+            # confluent-kafka takes the GIL once per callback, so a poll thread competing with
+            # this busy one gets one callback per GIL switch interval. In delayed mode this
+            # also settles acknowledgements before deciding what is still unacknowledged.
+            self.kafka.poll(0)
+            if self.deliveries.reports:
+                self.deliveries.process()
+            with q.lock:
+                batch = self._take_batch_locked()
+                if not batch and not q.to_produce:
+                    if self._stopping.is_set():
+                        return
+                    q.work.wait(self._sleep_s())
+            if batch:
+                writer.persist(batch)
+            if q.to_produce:
+                self._kafka_blocked = not writer.produce_ready()
+                if self._kafka_blocked:
+                    time.sleep(_PRODUCE_RETRY_S)  # the poll thread drains librdkafka's queue
+            if self._stopping.is_set() and (not writer.store_available or self._kafka_blocked):
+                return  # closing: what is in the outbox goes out through recovery
+
+    # Maintenance thread: publish marks, lease, delay, recovery ------------------------
+    def _maintain_loop(self) -> None:
+        q, writer = self.queue, self.writer
+        while True:
+            with q.lock:
+                publish: list[str] = []
+                if q.publish_ids and time.monotonic() >= writer.retry_at:
+                    publish, q.publish_ids = q.publish_ids, []
+                elif self._stopping.is_set():
+                    return
+                else:
+                    q.marks.wait(self._next_timer_s())
+            if publish:
+                writer.mark_published(publish)
+            if self._stopping.is_set() and not writer.store_available:
+                return
+            self._timers()
+
+    def _next_timer_s(self) -> float:
+        now = time.monotonic()
+        wake = min(self._next_heartbeat, self._next_recovery,
+                   self._next_delay_update if self.delayed else now + 1.0,
+                   self.writer.retry_at if self.queue.publish_ids else now + 1.0)
+        return min(max(wake - now, 0.001), 1.0)
+
+    def _take_batch_locked(self) -> list[PendingMessage]:
+        now = time.monotonic()
+        if now < self.writer.retry_at and not self._stopping.is_set():
+            return []
+        limit = self.config.batch_max_messages
+        if not self.delayed:
+            return self.queue.take_to_persist_locked(limit)
+        return self.queue.take_due_locked(now - self.delay_ms / 1000.0, limit)
+
+    def _sleep_s(self) -> float:
+        now = time.monotonic()
+        wake = self.writer.retry_at or now + 1.0
+        if self.delayed:
+            wake = min(wake, self._next_delay_update)  # the delay may shrink
+            head = self.queue.head_sent_at_locked()
+            if head is not None:
+                wake = min(wake, head + self.delay_ms / 1000.0)
+        return min(max(wake - now, 0.001), 1.0)
+
+    # Timers --------------------------------------------------------------------------
+    def _timers(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_delay_update and self.delayed:
+            self._next_delay_update = now + _DELAY_UPDATE_S
+            self.update_delay()
+        if now >= self._next_heartbeat:
+            self._next_heartbeat = now + self.config.lease_s / 3
+            self.heartbeat()
+        if now >= self._next_recovery and self.writer.store_available:
+            self._next_recovery = now + self.config.recover_interval_s
+            if not self._kafka_blocked:  # resends would only queue behind the backlog
+                self.run_recovery()
+
+    def update_delay(self) -> None:
+        p50, p99 = self.deliveries.latency.percentiles(50, 99)
+        with self.queue.lock:
+            depth, size = self.queue.depth, self.queue.bytes
+        self.delay_ms = self.policy.delay_ms(DelayInputs(
+            ack_p50_ms=p50, ack_p99_ms=p99, live_producers=self.live_producers,
+            backlog_messages=depth, backlog_bytes=size))
+
+    def heartbeat(self) -> None:
+        try:
+            beat = self.liveness.heartbeat(self.instance_id, int(self.config.lease_s * 1000))
+        except StoreError as exc:
+            self.writer.store_failed(exc)
+            return
+        self.live_producers = beat.live_count
+
+    def run_recovery(self) -> None:
+        try:
+            report = self.recovery.run()
+        except StoreError as exc:
+            self.writer.store_failed(exc)
+            return
+        with self.queue.lock:
+            self.counters.resent += report.resent
+            self.counters.expired += report.expired

@@ -1,0 +1,165 @@
+"""What ``send`` returns and what the producer keeps per message while it is in memory."""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from eoguard.config import PersistenceMode
+from eoguard.errors import EoguardError, InvalidMessageError
+
+__all__ = [
+    "Counters",
+    "FailedCallback",
+    "GuaranteedCallback",
+    "MessageState",
+    "PendingMessage",
+    "ProducerStats",
+    "ReportSink",
+    "SendHandle",
+    "check_send_args",
+]
+
+GuaranteedCallback = Callable[["SendHandle"], None]
+ReportSink = Callable[[tuple[Any, Any, Any]], None]
+"""Where delivery callbacks put ``(token, err, msg)`` for the poll thread to settle."""
+FailedCallback = Callable[["SendHandle", EoguardError], None]
+
+
+def check_send_args(topic: object, value: object, key: object, *, schema: str | None,
+                    headers: Mapping[str, str] | None, ttl_s: object) -> bytes | None:
+    """Refuse invalid ``send`` arguments with :class:`InvalidMessageError`; the key as bytes."""
+    if not isinstance(topic, str) or not topic:
+        raise InvalidMessageError(f"topic must be a non-empty string, got {topic!r}")
+    if ttl_s is not None and (isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float))
+                              or ttl_s <= 0):
+        raise InvalidMessageError(f"ttl_s must be a positive number, got {ttl_s!r}")
+    if headers is not None and not all(isinstance(k, str) and isinstance(v, str)
+                                       for k, v in headers.items()):
+        raise InvalidMessageError("headers must map str to str")
+    if schema is None and not isinstance(value, (bytes, bytearray, memoryview)):
+        raise InvalidMessageError(
+            f"value must be bytes when no schema is given, got {type(value).__name__}")
+    if isinstance(key, str):
+        return key.encode()
+    if key is not None and not isinstance(key, bytes):
+        raise InvalidMessageError(f"key must be bytes, str or None, got {type(key).__name__}")
+    return key
+
+
+class MessageState(enum.Enum):
+    """A sent message's lifecycle as the application sees it.
+
+    ``ACCEPTED`` -> ``GUARANTEED`` (in the outbox, or acknowledged by Kafka with acks=all) or
+    ``ACCEPTED`` -> ``FAILED`` (never both, each at most once).
+    """
+
+    ACCEPTED = "accepted"
+    GUARANTEED = "guaranteed"
+    FAILED = "failed"
+
+
+class SendHandle:
+    """The message id of one ``send`` and, later, whether it was guaranteed."""
+
+    __slots__ = ("_done", "error", "expires_at_ms", "id", "state", "topic")
+
+    def __init__(self, message_id: str, topic: str, expires_at_ms: int,
+                 done: threading.Condition) -> None:
+        self.id = message_id
+        self.topic = topic
+        self.expires_at_ms = expires_at_ms
+        self.state = MessageState.ACCEPTED
+        self.error: EoguardError | None = None
+        self._done = done
+
+    @property
+    def guaranteed(self) -> bool:
+        return self.state is MessageState.GUARANTEED
+
+    def settle(self, state: MessageState, error: EoguardError | None = None) -> bool:
+        """Leave ACCEPTED for ``state``; False (nothing changed) if already settled."""
+        if self.state is not MessageState.ACCEPTED or state is MessageState.ACCEPTED:
+            return False
+        self.state = state
+        self.error = error
+        return True
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until the message is guaranteed or failed; True when guaranteed."""
+        with self._done:
+            self._done.wait_for(lambda: self.state is not MessageState.ACCEPTED, timeout_s)
+        return self.state is MessageState.GUARANTEED
+
+    def __repr__(self) -> str:
+        return f"SendHandle(id={self.id!r}, topic={self.topic!r}, state={self.state.value})"
+
+
+class PendingMessage:
+    """A message the producer still holds in memory (the in-memory log queue's entry)."""
+
+    __slots__ = ("acked", "created_at_ms", "created_mono", "handle", "key", "on_failed",
+                 "on_guaranteed", "persisted", "persisting", "released", "sink", "size", "value")
+
+    def __init__(self, handle: SendHandle, key: bytes | None, value: bytes, *,
+                 created_at_ms: int, created_mono: float,
+                 on_guaranteed: GuaranteedCallback | None, on_failed: FailedCallback | None,
+                 sink: ReportSink) -> None:
+        self.handle = handle
+        self.key = key
+        self.value = value
+        self.size = len(value) + (len(key) if key else 0)
+        self.created_at_ms = created_at_ms
+        self.created_mono = created_mono
+        self.on_guaranteed = on_guaranteed
+        self.on_failed = on_failed
+        self.sink = sink
+        self.acked = False  # Kafka acknowledged it (acks=all)
+        self.persisting = False  # an outbox write of it is in flight
+        self.persisted = False  # it is in the outbox
+        self.released = False  # its room in the bounded queue was given back
+
+    def delivered(self, err: object, msg: object) -> None:
+        """librdkafka's delivery callback: hand the report to the producer's report queue."""
+        self.sink((self, err, msg))
+
+
+@dataclass(slots=True)
+class Counters:
+    """A producer's mutable counters, changed under its queue lock only."""
+
+    sent: int = 0
+    guaranteed: int = 0
+    failed: int = 0
+    persisted: int = 0
+    published: int = 0
+    resent: int = 0
+    expired: int = 0
+    delivery_failures: int = 0
+    redis_writes_avoided: int = 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProducerStats:
+    """Counters since start, and the current adaptive-delay inputs."""
+
+    mode: PersistenceMode
+    sent: int
+    guaranteed: int
+    failed: int
+    persisted: int  # outbox records written
+    published: int  # Kafka acknowledgements (first sends and resends)
+    resent: int
+    expired: int  # expired before guaranteed, or found expired by recovery
+    delivery_failures: int
+    redis_writes_avoided: int  # delayed mode: acknowledged by Kafka within the delay
+    current_delay_ms: float
+    queue_depth: int
+    queue_bytes: int
+    ack_latency_p50_ms: float | None
+    ack_latency_p99_ms: float | None
+    live_producers: int
+    store_available: bool

@@ -1,0 +1,294 @@
+"""GuardedProducer: Kafka producing with a Redis outbox, guaranteed callbacks and recovery.
+
+``send`` encodes the message as an Avro envelope (new time-ordered id, ``expires_at = now +
+ttl``), takes room in the bounded in-memory queue and returns a :class:`SendHandle` without
+waiting on the network. ``on_guaranteed`` fires exactly once, when the message is in the
+Redis outbox or acknowledged by Kafka with acks=all, whichever comes first (see
+:class:`eoguard.config.PersistenceMode` for the two modes and their trade-off); from then on
+no crash of this process loses it. ``on_failed`` fires instead when that cannot happen
+(expired while the outbox was down, refused by Kafka, producer closed first).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+from eoguard.codec import EnvelopeCodec, PayloadCodec, SchemaRegistry
+from eoguard.config import PersistenceMode, ProducerConfig
+from eoguard.envelope import Envelope
+from eoguard.errors import (
+    BackpressureError,
+    EoguardError,
+    MessageTooLargeError,
+    PersistError,
+    ProducerClosedError,
+)
+from eoguard.guard.callbacks import CallbackDispatcher, Settled
+from eoguard.guard.engine import ProducerEngine
+from eoguard.guard.messages import (
+    FailedCallback,
+    GuaranteedCallback,
+    MessageState,
+    PendingMessage,
+    ProducerStats,
+    SendHandle,
+    check_send_args,
+)
+from eoguard.guard.outbox_queue import LogQueue
+from eoguard.guard.recovery import Recovery, RecoveryReport
+from eoguard.kafka.producer import KafkaProducer
+from eoguard.store.liveness import Liveness
+from eoguard.store.outbox import Outbox
+from eoguard.store.scripts import Scripts
+
+__all__ = ["GuardedProducer"]
+
+log = logging.getLogger(__name__)
+
+
+class GuardedProducer:
+    """A Kafka producer whose guaranteed messages survive its own crash (see module doc).
+
+    Construction registers the instance's liveness lease in Redis and, with
+    ``recover_on_start``, resends what crashed producers left behind; it raises
+    :class:`StoreUnavailableError` if Redis cannot be reached then.
+    """
+
+    def __init__(self, config: ProducerConfig, *, registry: SchemaRegistry | None = None,
+                 on_guaranteed: GuaranteedCallback | None = None,
+                 on_failed: FailedCallback | None = None) -> None:
+        self.config = config
+        self.instance_id = config.instance_id or (
+            f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        self._on_guaranteed = on_guaranteed
+        self._on_failed = on_failed
+        registry = registry or SchemaRegistry.default()
+        self._codec = EnvelopeCodec(registry)
+        self._payloads = PayloadCodec(registry)
+        self._ttl_ms = int(config.default_ttl_s * 1000)
+        self._closed = False
+        self._sends = 0
+        self._done = threading.Condition()
+        self._queue = LogQueue(max_messages=config.max_queue_messages,
+                               max_bytes=config.max_queue_bytes)
+        self._redis = config.redis.connect()
+        self._kafka = KafkaProducer(config.kafka_config())
+        scripts = Scripts(self._redis)
+        self._outbox = Outbox(self._redis, config.keyspace, scripts=scripts)
+        self._liveness = Liveness(self._redis, config.keyspace, scripts=scripts)
+        reports: collections.deque[tuple[Any, Any, Any]] = collections.deque()
+        self._sink = reports.append
+        self._recovery = Recovery(outbox=self._outbox, liveness=self._liveness, codec=self._codec,
+                                  kafka=self._kafka, instance_id=self.instance_id,
+                                  resend_after_ms=config.resend_after_ms, sink=self._sink,
+                                  produce_timeout_s=config.send_timeout_s)
+        self._dispatcher = CallbackDispatcher(self._done)
+        self._engine = ProducerEngine(config=config, instance_id=self.instance_id,
+                                      queue=self._queue, kafka=self._kafka, outbox=self._outbox,
+                                      liveness=self._liveness, recovery=self._recovery,
+                                      dispatcher=self._dispatcher, reports=reports)
+        try:
+            # Register before writing any record: a recovering producer treats records of an
+            # owner it does not see live (and older than its read) as abandoned.
+            beat = self._liveness.heartbeat(self.instance_id, int(config.lease_s * 1000))
+            self._engine.live_producers = beat.live_count
+            if config.recover_on_start:
+                self.recover()
+        except EoguardError:
+            self._dispatcher.close()
+            self._kafka.close()
+            if config.redis.client is None:
+                self._redis.close()
+            raise
+        self._engine.start()
+
+    # Sending ---------------------------------------------------------------------------
+    def send(self, topic: str, value: Any, key: bytes | str | None = None, *,
+             ttl_s: float | None = None, schema: str | None = None,
+             headers: Mapping[str, str] | None = None,
+             on_guaranteed: GuaranteedCallback | None = None,
+             on_failed: FailedCallback | None = None) -> SendHandle:
+        """Send one message; returns at once with its handle (blocks only when the queue is full).
+
+        ``value`` is bytes (``schema=None``) or an object encoded with the Avro schema named
+        ``schema``. Raises :class:`InvalidMessageError`, :class:`MessageTooLargeError`,
+        :class:`SchemaNotFoundError` / :class:`PayloadEncodeError`, :class:`BackpressureError`
+        (queue full past ``send_timeout_s``), :class:`PersistError` (persist-first, queue full
+        because the outbox is unreachable) or :class:`ProducerClosedError`.
+        """
+        if self._closed:
+            raise ProducerClosedError("send after close")
+        key = check_send_args(topic, value, key, schema=schema, headers=headers, ttl_s=ttl_s)
+        ttl_ms = self._ttl_ms if ttl_s is None else max(1, int(ttl_s * 1000))
+        payload = self._payloads.encode(value, schema)
+        env = Envelope.create(payload, ttl_ms=ttl_ms, producer=self.instance_id,
+                              payload_schema=schema, headers=dict(headers) if headers else None)
+        data = self._codec.encode(env)
+        size = len(data) + (len(key) if key else 0)
+        if size > self.config.max_message_bytes:
+            raise MessageTooLargeError(
+                f"message of {size} bytes exceeds max_message_bytes "
+                f"({self.config.max_message_bytes})", size=size, limit=self.config.max_message_bytes)
+        handle = SendHandle(env.id, topic, env.expires_at_ms, self._done)
+        msg = PendingMessage(handle, key, data, created_at_ms=env.created_at_ms,
+                             created_mono=time.monotonic(),
+                             on_guaranteed=on_guaranteed or self._on_guaranteed,
+                             on_failed=on_failed or self._on_failed, sink=self._sink)
+        q = self._queue
+        q.reserve(msg, self.config.send_timeout_s, self._full_error)
+        if self.config.mode is PersistenceMode.PERSIST_FIRST:
+            with q.lock:
+                self._engine.counters.sent += 1
+                q.to_persist.append(msg)
+                q.work.notify()
+        else:
+            self._produce_now(msg)
+            with q.lock:
+                self._engine.counters.sent += 1
+                if not q.log:
+                    q.work.notify()
+                q.log.append(msg)
+        self._sends += 1
+        if not self._sends & 127:
+            # Serve pending delivery callbacks on this thread now and then: confluent-kafka
+            # takes the GIL once per callback, so a poll thread competing with a busy sender
+            # gets one callback per GIL switch interval. (The callbacks only queue reports.)
+            self._kafka.poll(0)
+        return handle
+
+    def _produce_now(self, msg: PendingMessage) -> None:
+        """delayed mode: hand the message to librdkafka from the caller's thread."""
+        deadline = time.monotonic() + self.config.send_timeout_s
+        try:
+            while not self._kafka.produce(msg.handle.topic, msg.value, msg.key,
+                                          on_delivery=msg.delivered):
+                if time.monotonic() > deadline:
+                    raise BackpressureError(
+                        f"librdkafka's queue stayed full for {self.config.send_timeout_s} s")
+                time.sleep(0.001)
+        except EoguardError:
+            with self._queue.lock:
+                self._queue.release_locked(msg)
+                self._queue.space.notify_all()
+            raise
+
+    def _full_error(self) -> EoguardError:
+        limits = (f"{self.config.max_queue_messages} messages / "
+                  f"{self.config.max_queue_bytes} bytes")
+        if self.config.mode is PersistenceMode.PERSIST_FIRST and not self._engine.store_available:
+            return PersistError(f"the outbox is unreachable and the queue is full ({limits}); "
+                                "nothing was produced unpersisted")
+        return BackpressureError(f"the queue stayed full ({limits}) for "
+                                 f"{self.config.send_timeout_s} s")
+
+    # Lifecycle -------------------------------------------------------------------------
+    def recover(self) -> RecoveryReport:
+        """Resend records whose owner is gone or whose delivery timed out; sweep expired ones.
+
+        Runs at start and every ``recover_interval_s``; raises :class:`StoreError` when Redis
+        cannot be used.
+        """
+        report = self._recovery.run()
+        with self._queue.lock:
+            self._engine.counters.resent += report.resent
+            self._engine.counters.expired += report.expired
+        return report
+
+    def resend(self, message_ids: Sequence[str]) -> RecoveryReport:
+        """Resend the named pending outbox records now, whoever owns them (the operator's
+        ``eoguard outbox resend ID...``); the consumers' dedup drops any duplicate."""
+        report = self._recovery.resend_ids(message_ids)
+        with self._queue.lock:
+            self._engine.counters.resent += report.resent
+            self._engine.counters.expired += report.expired
+        return report
+
+    def flush(self, timeout_s: float | None = None) -> int:
+        """Wait until every sent message is settled and acknowledged or persisted and every
+        record handed to Kafka is delivered; returns how many are still outstanding."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            with self._queue.lock:
+                outstanding = self._queue.depth + len(self._queue.publish_ids)
+            outstanding += len(self._kafka) + len(self._engine.deliveries.reports)
+            if outstanding == 0 or (deadline is not None and time.monotonic() >= deadline):
+                return outstanding
+            time.sleep(0.005)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Flush for up to ``timeout_s``, stop, and give the liveness lease up.
+
+        Step 1. Refuse new sends. Step 2. Flush. Step 3. Stop the threads and drop what
+        librdkafka still holds (those records are in the outbox: others resend them).
+        Step 4. Fail every message never guaranteed. Step 5. Give up the lease.
+        """
+        if self._closed:
+            return
+        deadline = time.monotonic() + timeout_s
+        # Step 1.
+        self._closed = True
+        with self._queue.lock:
+            self._queue.closed = True
+            self._queue.space.notify_all()
+        # Step 2.
+        self.flush(timeout_s)
+        # Step 3.
+        self._engine.stop(max(deadline - time.monotonic(), 1.0))
+        self._kafka.close(0)
+        self._engine.deliveries.process()
+        self._engine.writer.flush_publish_marks()
+        # Step 4.
+        settled: list[Settled] = []
+        with self._queue.lock:
+            for msg in self._queue.waiting_locked():
+                if msg.handle.settle(MessageState.FAILED, ProducerClosedError(
+                        f"message {msg.handle.id} was neither persisted nor acknowledged "
+                        "before close")):
+                    self._engine.counters.failed += 1
+                    settled.append((msg, msg.handle.error))
+        self._dispatcher.submit(settled)
+        # Step 5.
+        try:
+            self._liveness.deregister(self.instance_id)
+        except EoguardError as exc:
+            log.warning("could not give the liveness lease up: %s", exc)
+        self._dispatcher.close(max(deadline - time.monotonic(), 1.0))
+        if self.config.redis.client is None:
+            self._redis.close()
+
+    def __enter__(self) -> GuardedProducer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # Inspection ------------------------------------------------------------------------
+    def stats(self) -> ProducerStats:
+        """Counters since start, the current delay and the queue depth."""
+        e = self._engine
+        p50, p99 = e.deliveries.latency.percentiles(50, 99)
+        with self._queue.lock:
+            c = e.counters
+            return ProducerStats(
+                mode=self.config.mode, sent=c.sent, guaranteed=c.guaranteed, failed=c.failed,
+                persisted=c.persisted, published=c.published, resent=c.resent,
+                expired=c.expired, delivery_failures=c.delivery_failures,
+                redis_writes_avoided=c.redis_writes_avoided,
+                current_delay_ms=e.delay_ms if e.delayed else 0.0,
+                queue_depth=self._queue.depth, queue_bytes=self._queue.bytes,
+                ack_latency_p50_ms=p50, ack_latency_p99_ms=p99,
+                live_producers=e.live_producers, store_available=e.store_available)
+
+    def __repr__(self) -> str:
+        return (f"GuardedProducer(instance_id={self.instance_id!r}, "
+                f"mode={self.config.mode.value!r}, closed={self._closed})")

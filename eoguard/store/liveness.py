@@ -1,0 +1,86 @@
+"""Producer liveness leases: a sorted set of instance id -> lease deadline (Redis time).
+
+A producer renews its lease every ``lease_s / 3``; once the deadline passes, the records it
+owns may be claimed for resend by another producer. The number of live leases is one input
+of the adaptive delay. Deadlines come from Redis's clock (``TIME`` in the scripts), so
+producers on machines with skewed clocks agree on who is live.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import redis
+
+from eoguard.store.client import RedisClient, wrap_redis_error
+from eoguard.store.keys import KeySpace
+from eoguard.store.scripts import ScriptCall, Scripts
+
+__all__ = ["Heartbeat", "LiveSet", "Liveness"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Heartbeat:
+    """Redis time of a renewal and the number of live leases after it."""
+
+    now_ms: int
+    live_count: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LiveSet:
+    """The live instances and their lease deadlines, as read at ``read_at_ms`` (Redis time)."""
+
+    read_at_ms: int
+    deadlines: dict[str, int]
+
+    def is_live(self, instance_id: str) -> bool:
+        return instance_id in self.deadlines
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Liveness:
+    """Liveness leases of the producers of one :class:`KeySpace`."""
+
+    def __init__(self, client: RedisClient, keys: KeySpace, *,
+                 scripts: Scripts | None = None,
+                 role: Literal["producers", "consumers"] = "producers") -> None:
+        self.client = client
+        # role="consumers" reads/writes the consumers' lease set (``eoguard status`` shows both).
+        self.key = keys.live_producers() if role == "producers" else keys.live_consumers()
+        self.scripts = scripts or Scripts(client)
+
+    def heartbeat(self, instance_id: str, lease_ms: int) -> Heartbeat:
+        """Register or renew ``instance_id`` until now + ``lease_ms``; drop lapsed leases."""
+        reply = self.scripts.run_one(ScriptCall("live_heartbeat", [self.key],
+                                                [instance_id, lease_ms]))
+        return Heartbeat(now_ms=int(reply[0]), live_count=int(reply[1]))
+
+    def live(self) -> LiveSet:
+        """The instances whose lease has not lapsed, with the Redis time of the read."""
+        reply = self.scripts.run_one(ScriptCall("live_read", [self.key], []))
+        pairs = reply[1:]
+        return LiveSet(read_at_ms=int(reply[0]),
+                       deadlines={_text(pairs[i]): int(float(pairs[i + 1]))
+                                  for i in range(0, len(pairs), 2)})
+
+    def live_count(self) -> int:
+        """How many producers hold a live lease."""
+        return len(self.live().deadlines)
+
+    def is_lapsed(self, instance_id: str) -> bool:
+        """True when ``instance_id`` holds no live lease (it lapsed, or never registered)."""
+        return not self.live().is_live(instance_id)
+
+    def deregister(self, instance_id: str) -> None:
+        """Give the lease up at once (clean close): its records become claimable now."""
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zrem(self.key, instance_id)
+            pipe.execute()
+        except redis.RedisError as exc:
+            raise wrap_redis_error(exc, "removing a liveness lease") from exc

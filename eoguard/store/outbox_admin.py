@@ -1,0 +1,138 @@
+"""The operator's view of the outbox (``eoguard status`` / ``outbox list|purge``, metrics).
+
+Read-only listings go by SCAN (never KEYS) with one pipelined read per batch, and read only
+metadata fields (not the encoded value). The purge sweeps index entries of records that are
+gone, atomically per shard (``outbox_sweep.lua``). Writes to records stay in
+:class:`eoguard.store.outbox.Outbox`; resends go through :mod:`eoguard.guard.recovery`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from eoguard.store.client import RedisClient
+from eoguard.store.keys import KeySpace
+from eoguard.store.outbox import RecordState
+from eoguard.store.scripts import ScriptCall, Scripts
+
+__all__ = ["IndexStats", "RecordSummary", "index_stats", "read_records", "scan_records", "sweep_index"]
+
+_FIELDS = ("id", "topic", "state", "owner", "attempt", "created_at", "expires_at",
+           "next_resend_at")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecordSummary:
+    """An outbox record's metadata, without its value; ``redis_key`` for MEMORY USAGE."""
+
+    id: str
+    redis_key: str
+    topic: str
+    state: RecordState
+    owner: str
+    attempt: int
+    created_at_ms: int
+    expires_at_ms: int
+    next_resend_at_ms: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class IndexStats:
+    """Cheap figures from the resend indexes (no SCAN): what metrics scrape."""
+
+    now_ms: int  # Redis time
+    pending: int  # index entries (pending records, and entries of records gone since)
+    past_resend: int  # entries whose next-resend time has passed
+    oldest_pending_age_ms: int  # of the records at the head of each shard's index; 0 if none
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def scan_records(client: RedisClient, keys: KeySpace, *, count: int = 1000
+                 ) -> Iterator[list[RecordSummary]]:
+    """Every outbox record's summary, one list per SCAN call (possibly empty).
+
+    A record that expires or is acknowledged between the SCAN and the read is left out.
+    """
+    scripts = Scripts(client)
+    cursor: Any = 0
+    while True:
+        pipe: Any = client.pipeline(transaction=False)
+        pipe.scan(cursor, match=keys.outbox_record_pattern(), count=count)
+        cursor, names = scripts.execute(pipe, doing="scanning the outbox")[0]
+        yield read_records(client, names)
+        if int(cursor) == 0:
+            return
+
+
+def read_records(client: RedisClient, names: Sequence[str | bytes]) -> list[RecordSummary]:
+    """The outbox records ``names`` (found by SCAN): one pipelined HMGET of metadata each."""
+    if not names:
+        return []
+    pipe: Any = client.pipeline(transaction=False)
+    for name in names:
+        pipe.hmget(name, *_FIELDS)
+    rows = Scripts(client).execute(pipe, doing="reading outbox records")
+    out = []
+    for name, row in zip(names, rows, strict=True):
+        if row[0] is None or row[2] is None:
+            continue
+        f = dict(zip(_FIELDS, row, strict=True))
+        out.append(RecordSummary(
+            id=_text(f["id"]), redis_key=_text(name), topic=_text(f["topic"]),
+            state=RecordState(_text(f["state"])), owner=_text(f["owner"]),
+            attempt=int(f["attempt"]), created_at_ms=int(f["created_at"]),
+            expires_at_ms=int(f["expires_at"]), next_resend_at_ms=int(f["next_resend_at"])))
+    return out
+
+
+def sweep_index(client: RedisClient, keys: KeySpace, *, dry_run: bool, page_size: int = 1000
+                ) -> list[str]:
+    """Remove (or with ``dry_run`` only list) index entries whose record is gone."""
+    scripts = Scripts(client)
+    found: list[str] = []
+    for shard in range(keys.shards):
+        index = keys.outbox_index(shard)
+        cursor: Any = 0
+        while True:
+            pipe: Any = client.pipeline(transaction=False)
+            pipe.zscan(index, cursor, count=page_size)
+            cursor, members = scripts.execute(pipe, doing="reading the outbox index")[0]
+            ids = [_text(member) for member, _ in members]
+            if ids:
+                reply = scripts.run_one(ScriptCall(
+                    "outbox_sweep", [index, *(keys.outbox_record(i) for i in ids)],
+                    ["1" if dry_run else "0", *ids]))
+                found += [_text(i) for i in reply]
+            if int(cursor) == 0:
+                break
+    return found
+
+
+def index_stats(client: RedisClient, keys: KeySpace) -> IndexStats:
+    """Pending count, past-resend count and oldest pending age: two round trips, no SCAN."""
+    scripts = Scripts(client)
+    pipe: Any = client.pipeline(transaction=False)
+    pipe.time()
+    for shard in range(keys.shards):
+        pipe.zcard(keys.outbox_index(shard))
+        pipe.zrange(keys.outbox_index(shard), 0, 0)
+    replies = scripts.execute(pipe, doing="reading the outbox index")
+    seconds, micros = replies[0]
+    now = int(seconds) * 1000 + int(micros) // 1000
+    pending = sum(int(n) for n in replies[1::2])
+    heads = [_text(page[0]) for page in replies[2::2] if page]
+    pipe = client.pipeline(transaction=False)
+    for shard in range(keys.shards):
+        pipe.zcount(keys.outbox_index(shard), "-inf", now)
+    for message_id in heads:
+        pipe.hget(keys.outbox_record(message_id), "created_at")
+    replies = scripts.execute(pipe, doing="reading the outbox index")
+    past = sum(int(n) for n in replies[:keys.shards])
+    created = [int(c) for c in replies[keys.shards:] if c is not None]
+    return IndexStats(now_ms=now, pending=pending, past_resend=past,
+                      oldest_pending_age_ms=max(0, now - min(created)) if created else 0)

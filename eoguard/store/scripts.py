@@ -1,0 +1,106 @@
+"""eoguard's Lua scripts: loaded once from ``eoguard/store/lua``, run by SHA, batched.
+
+Each ``.lua`` file is one atomic operation with its contract in its header. Calls go out as
+EVALSHA in one pipeline per batch: one round trip. A server that lost its script cache
+(restart, failover, SCRIPT FLUSH) answers NOSCRIPT; only those calls are loaded and resent.
+redis-py's own ``register_script`` in a pipeline asks SCRIPT EXISTS before every execute,
+a second round trip per batch, which is why the SHA bookkeeping lives here.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any, NamedTuple
+
+import redis
+from redis.exceptions import NoScriptError
+
+from eoguard.errors import StoreError
+from eoguard.store.client import RedisClient, wrap_redis_error
+
+ScriptArg = str | bytes | int | float
+
+
+class LuaScript(NamedTuple):
+    """A script's name (its file stem), source text and SHA1."""
+
+    name: str
+    source: str
+    sha: str
+
+
+@functools.cache
+def lua_script(name: str) -> LuaScript:
+    """The script ``eoguard/store/lua/<name>.lua``, read once per process."""
+    source = resources.files("eoguard.store").joinpath(f"lua/{name}.lua").read_text("utf-8")
+    sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
+    return LuaScript(name, source, sha)
+
+
+class ScriptCall(NamedTuple):
+    """One script invocation: every key it touches is in ``keys`` (one hash slot)."""
+
+    script: str
+    keys: Sequence[str]
+    args: Sequence[ScriptArg]
+
+
+class Scripts:
+    """Runs :class:`ScriptCall` batches on one client, one round trip per batch."""
+
+    _MAX_RELOADS = 3
+
+    def __init__(self, client: RedisClient) -> None:
+        self._client = client
+
+    def run_one(self, call: ScriptCall) -> Any:
+        """Run one call and return its reply."""
+        return self.run([call])[0]
+
+    def run(self, calls: Sequence[ScriptCall], *, doing: str = "running a script") -> list[Any]:
+        """Run ``calls`` pipelined and return their replies in call order.
+
+        Raises :class:`StoreUnavailableError` when Redis cannot be reached and
+        :class:`StoreError` when a script fails. A batch that fails midway may have applied
+        some calls: every script is written to be safe to run again.
+        """
+        if not calls:
+            return []
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for _ in range(self._MAX_RELOADS):
+            pipe = self._client.pipeline(transaction=False)
+            for i in todo:
+                call = calls[i]
+                pipe.evalsha(lua_script(call.script).sha, len(call.keys), *call.keys, *call.args)
+            results = self.execute(pipe, doing=doing, raise_on_error=False)
+            missing: list[int] = []
+            for i, result in zip(todo, results, strict=True):
+                if isinstance(result, NoScriptError):
+                    missing.append(i)
+                elif isinstance(result, Exception):
+                    raise wrap_redis_error(result, f"{doing} ({calls[i].script})") from result
+                else:
+                    replies[i] = result
+            if not missing:
+                return replies
+            for name in sorted({calls[i].script for i in missing}):
+                self._load(name)
+            todo = missing
+        raise StoreError(f"Redis kept answering NOSCRIPT while {doing}")
+
+    def execute(self, pipe: Any, *, doing: str, raise_on_error: bool = True) -> list[Any]:
+        """Execute a pipeline, wrapping redis-py errors at the boundary."""
+        try:
+            return list(pipe.execute(raise_on_error=raise_on_error))
+        except redis.RedisError as exc:
+            raise wrap_redis_error(exc, doing) from exc
+
+    def _load(self, name: str) -> None:
+        try:
+            self._client.script_load(lua_script(name).source)
+        except redis.RedisError as exc:
+            raise wrap_redis_error(exc, f"loading {name}.lua") from exc

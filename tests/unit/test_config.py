@@ -1,0 +1,138 @@
+"""ProducerConfig and RedisConfig: secrets out of repr, forced acks, invalid values refused."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import redis
+
+from eoguard.config import KeepUntil, PersistenceMode, ProducerConfig, RedisConfig, redact
+from eoguard.errors import ConfigError
+from eoguard.store.keys import KeySpace
+
+REDIS = RedisConfig(url="redis://127.0.0.1:6379/0")
+SECRETS = {
+    "sasl.password": "s3cr3t-sasl",
+    "sasl.username": "alice-user",
+    "ssl.key.password": "s3cr3t-keypass",
+    "ssl.key.pem": "-----BEGIN PRIVATE KEY-----s3cr3t",
+    "sasl.oauthbearer.client.secret": "s3cr3t-oauth",
+}
+
+
+def config(**kw) -> ProducerConfig:
+    return ProducerConfig(**{"kafka": {"bootstrap.servers": "b:9092"}, "redis": REDIS, **kw})
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    cfg = config()
+    assert cfg.mode is PersistenceMode.PERSIST_FIRST
+    assert cfg.keep_until is KeepUntil.CONSUMED
+    assert cfg.message_timeout_ms == 300_000
+    assert cfg.resend_after_ms == 315_000
+    assert cfg.keyspace == KeySpace()
+
+
+def test_modes_and_keep_until_accept_their_strings() -> None:
+    cfg = config(mode="delayed", keep_until="published")
+    assert cfg.mode is PersistenceMode.DELAYED
+    assert cfg.keep_until is KeepUntil.PUBLISHED
+
+
+def test_secrets_never_appear_in_repr() -> None:
+    cfg = config(kafka={"bootstrap.servers": "b:9092", "security.protocol": "SASL_SSL",
+                        **SECRETS},
+                 redis=RedisConfig(url="rediss://bob:r3dis-pw@host:6380/0", username="bob",
+                                   password="r3dis-acl-pw",
+                                   options={"ssl_keyfile": "/k.pem", "ssl_password": "kp"}))
+    text = repr(cfg) + str(cfg) + repr(cfg.redis)
+    for secret in [*SECRETS.values(), "r3dis-pw", "r3dis-acl-pw", "kp"]:
+        assert secret not in text
+    assert "'security.protocol': 'SASL_SSL'" in text  # non-secrets stay readable
+    assert "b:9092" in text
+    assert "rediss://bob:***@host:6380/0" in text
+    assert "'sasl.password': '***'" in text
+    assert redact({"ssl.key.location": "/etc/k", "linger.ms": 5}) == {
+        "ssl.key.location": "***", "linger.ms": 5}
+
+
+def test_kafka_config_forces_acks_all_and_idempotence(caplog) -> None:
+    cfg = config(kafka={"bootstrap.servers": "b:9092", "acks": "1",
+                        "enable.idempotence": "false", "linger.ms": 20, **SECRETS})
+    with caplog.at_level(logging.WARNING, logger="eoguard.config"):
+        conf = cfg.kafka_config()
+    assert conf["acks"] == "all"
+    assert conf["enable.idempotence"] is True
+    assert conf["linger.ms"] == 20
+    assert conf["sasl.password"] == "s3cr3t-sasl"  # passed through to librdkafka
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "acks=all" in messages
+    assert "'1'" in messages
+    assert "enable.idempotence=true" in messages
+    for secret in SECRETS.values():
+        assert secret not in messages
+
+
+def test_kafka_config_is_quiet_when_already_safe(caplog) -> None:
+    cfg = config(kafka={"bootstrap.servers": "b:9092", "acks": -1, "enable.idempotence": True})
+    with caplog.at_level(logging.WARNING, logger="eoguard.config"):
+        conf = cfg.kafka_config()
+    assert caplog.records == []
+    assert (conf["acks"], conf["enable.idempotence"]) == ("all", True)
+
+
+def test_resend_after_follows_the_message_timeout() -> None:
+    cfg = config(kafka={"bootstrap.servers": "b", "message.timeout.ms": 10_000})
+    assert cfg.resend_after_ms == 25_000
+    assert config(kafka={"bootstrap.servers": "b", "delivery.timeout.ms": "5000"},
+                  resend_after_s=6).resend_after_ms == 6_000
+
+
+@pytest.mark.parametrize("kw", [
+    {"kafka": {}},
+    {"kafka": {"linger.ms": 5}},
+    {"mode": "sometimes"},
+    {"keep_until": "forever"},
+    {"default_ttl_s": 0},
+    {"max_message_bytes": -1},
+    {"max_queue_messages": 0},
+    {"send_timeout_s": True},
+    {"delay_min_ms": 0},
+    {"delay_min_ms": 500, "delay_max_ms": 100},
+    {"lease_s": 0.1},
+    {"max_message_bytes": 2_000, "max_queue_bytes": 1_000},
+    {"resend_after_s": 10},  # not beyond librdkafka's 300 s message timeout
+    {"kafka": {"bootstrap.servers": "b", "message.timeout.ms": "soon"}},
+    {"instance_id": ""},
+    {"redis": "redis://localhost"},
+])
+def test_invalid_producer_config_is_refused_at_construction(kw) -> None:
+    with pytest.raises(ConfigError):
+        config(**kw)
+
+
+@pytest.mark.parametrize("kw", [
+    {},
+    {"url": "http://localhost:6379"},
+    {"url": "redis://x", "client": object()},
+    {"url": "redis://x", "socket_timeout_s": 0},
+])
+def test_invalid_redis_config_is_refused_at_construction(kw) -> None:
+    with pytest.raises(ConfigError):
+        RedisConfig(**kw)
+
+
+def test_injected_redis_client_is_used_as_is() -> None:
+    client = redis.Redis(port=1)
+    cfg = RedisConfig(client=client)
+    assert cfg.connect() is client
+    assert "client=<injected>" in repr(cfg)
+    with pytest.raises(ConfigError):
+        RedisConfig(client=redis.Redis(port=1, decode_responses=True))
+
+
+def test_config_is_frozen() -> None:
+    cfg = config()
+    with pytest.raises(AttributeError):
+        cfg.mode = PersistenceMode.DELAYED  # type: ignore[misc]
