@@ -1,0 +1,316 @@
+"""GuardedConsumer against real Kafka and Redis: duplicates, scopes, expiry, dead letters,
+retries, transactional effects, read-process-write, outbox acknowledgement, busy claims."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Any
+
+import pytest
+import redis
+
+from eoguard.codec import PayloadCodec
+from eoguard.config import KeepUntil
+from eoguard.envelope import derived_message_id, now_ms
+from eoguard.guard.consumer import GuardedConsumer
+from eoguard.guard.handler import HandlerContext
+from eoguard.store.dedup import Claim, DedupStore, owner_token
+from eoguard.store.keys import KeySpace
+from eoguard.store.outbox import Outbox, OutboxRecord
+from tests.consumer_kit import CODEC, consumer_config, drain, envelope, headers_of, produce, read_all
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def made() -> Iterator[list[GuardedConsumer]]:
+    consumers: list[GuardedConsumer] = []
+    yield consumers
+    for consumer in consumers:
+        consumer.close()
+
+
+@pytest.fixture
+def make(made, kafka_bootstrap: str, redis_url: str, key_prefix: str, new_topic
+         ) -> Callable[..., GuardedConsumer]:
+    def build(topics: list[str], handler: Callable[[HandlerContext], None] | None = None,
+              **kw: Any) -> GuardedConsumer:
+        batch_handler = kw.pop("batch_handler", None)
+        kw.setdefault("dead_letter_topic", new_topic(1, prefix="dlq"))
+        config = consumer_config(kafka_bootstrap, redis_url, topics, prefix=key_prefix, **kw)
+        consumer = GuardedConsumer(config, handler=handler, batch_handler=batch_handler)
+        made.append(consumer)
+        return consumer
+    return build
+
+
+def recorder() -> tuple[list[str], Callable[[HandlerContext], None]]:
+    seen: list[str] = []
+    return seen, lambda ctx: seen.append(ctx.message_id)
+
+
+def test_same_message_twice_is_handled_once(make, new_topic, kafka_bootstrap) -> None:
+    topic = new_topic(2)
+    dup = envelope(b"the one")
+    others = [envelope(b"other %d" % i) for i in range(20)]
+    # Duplicate produce of the same bytes, and a resend with attempt + 1.
+    produce(kafka_bootstrap, topic, [dup, *others[:10], dup, dup.with_attempt(2), *others[10:]])
+    seen, handler = recorder()
+    consumer = make([topic], handler)
+    drain([consumer], lambda: len(seen) >= 21 and consumer.stats().duplicates >= 2)
+    assert Counter(seen) == Counter([dup.id, *(e.id for e in others)])
+    assert consumer.stats().duplicates == 2
+    # Another group of the same scope re-reads all 23 records: all duplicates.
+    again, handler2 = recorder()
+    second = make([topic], handler2)
+    drain([second], lambda: second.stats().duplicates >= 23)
+    assert again == []
+
+
+def test_two_scopes_each_handle_once(make, new_topic, kafka_bootstrap) -> None:
+    topic = new_topic(3)
+    envs = [envelope() for _ in range(30)]
+    produce(kafka_bootstrap, topic, [*envs, *envs[:5]])
+    seen_a, handler_a = recorder()
+    seen_b, handler_b = recorder()
+    a = make([topic], handler_a, scope="billing")
+    b = make([topic], handler_b, scope="shipping")
+    drain([a, b], lambda: a.stats().polled >= 35 and b.stats().polled >= 35)
+    want = Counter(e.id for e in envs)
+    assert Counter(seen_a) == want
+    assert Counter(seen_b) == want
+
+
+def test_expired_never_handled_and_dead_lettered_when_asked(make, new_topic,
+                                                            kafka_bootstrap) -> None:
+    topic, dlq = new_topic(2), new_topic(1, prefix="dlq")
+    good = [envelope() for _ in range(5)]
+    stale = [envelope(ttl_ms=-1_000) for _ in range(5)]
+    produce(kafka_bootstrap, topic, [x for pair in zip(stale, good, strict=True) for x in pair])
+    seen, handler = recorder()
+    consumer = make([topic], handler, dead_letter_topic=dlq, expired_to_dead_letter=True)
+    drain([consumer], lambda: consumer.stats().polled >= 10)
+    assert sorted(seen) == sorted(e.id for e in good)
+    assert consumer.stats().expired == 5
+    letters = read_all(kafka_bootstrap, dlq, 5)
+    assert sorted(headers_of(m)["eoguard.message.id"] for m in letters) == sorted(e.id for e in stale)
+    assert {headers_of(m)["eoguard.error.kind"] for m in letters} == {"expired"}
+
+
+def test_malformed_records_go_to_dead_letter_and_good_ones_around_them_are_handled(
+        make, new_topic, kafka_bootstrap) -> None:
+    topic, dlq = new_topic(1), new_topic(1, prefix="dlq")
+    encoded = CODEC.encode(envelope(b"x" * 100))
+    bad = {
+        "random bytes": (os.urandom(64), "BadMagicError"),
+        "wrong magic": (b"\xc3\x02" + encoded[2:], "BadMagicError"),
+        "unknown fingerprint": (encoded[:2] + os.urandom(8) + encoded[10:], "UnknownFingerprintError"),
+        "truncated avro": (encoded[: len(encoded) // 2], "CorruptRecordError"),
+        "unknown payload schema": (CODEC.encode(envelope(payload_schema="no.such.Schema")),
+                                   "SchemaNotFoundError"),
+        "payload not its schema": (CODEC.encode(envelope(b"\xff\xff",
+                                                         payload_schema="eoguard.example.Order")),
+                                   "CorruptRecordError"),
+        "empty value": (b"", "BadMagicError"),
+    }
+    good = [envelope() for _ in range(len(bad) + 1)]
+    values: list[Any] = [good[0]]
+    for (raw, _), env in zip(bad.values(), good[1:], strict=True):
+        values += [raw, env]
+    produce(kafka_bootstrap, topic, values)
+    seen, handler = recorder()
+    consumer = make([topic], handler, dead_letter_topic=dlq)
+    drain([consumer], lambda: len(seen) >= len(good))
+    assert sorted(seen) == sorted(e.id for e in good)
+    letters = read_all(kafka_bootstrap, dlq, len(bad))
+    assert len(letters) == len(bad)
+    by_value = {m.value(): headers_of(m) for m in letters}
+    for name, (raw, error_type) in bad.items():
+        headers = by_value[raw]
+        assert headers["eoguard.error.type"] == error_type, name
+        assert headers["eoguard.error.kind"] == "malformed"
+        assert headers["eoguard.error.reason"]
+        assert headers["eoguard.source.topic"] == topic
+        assert headers["eoguard.error.attempts"] == "0"
+    assert consumer.stats().dead_lettered == len(bad)
+
+
+def test_handler_failing_past_retries_goes_to_dead_letter_and_partition_moves_on(
+        make, new_topic, kafka_bootstrap) -> None:
+    topic, dlq = new_topic(1), new_topic(1, prefix="dlq")
+    envs = [envelope() for _ in range(10)]
+    poison, flaky = envs[2].id, envs[5].id
+    produce(kafka_bootstrap, topic, envs)
+    handled: list[str] = []
+    calls: Counter[str] = Counter()
+
+    def handler(ctx: HandlerContext) -> None:
+        calls[ctx.message_id] += 1
+        assert ctx.attempt == calls[ctx.message_id]
+        if ctx.message_id == poison or (ctx.message_id == flaky and ctx.attempt < 3):
+            raise ValueError(f"cannot handle {ctx.message_id}")
+        handled.append(ctx.message_id)
+
+    consumer = make([topic], handler, dead_letter_topic=dlq, max_retries=2)
+    drain([consumer], lambda: len(handled) >= 9)
+    assert sorted(handled) == sorted(e.id for e in envs if e.id != poison)
+    assert calls[poison] == 3
+    assert calls[flaky] == 3
+    assert consumer.stats().retries == 4
+    [letter] = read_all(kafka_bootstrap, dlq, 1)
+    headers = headers_of(letter)
+    assert letter.value() == CODEC.encode(envs[2])
+    assert headers["eoguard.error.type"] == "ValueError"
+    assert headers["eoguard.error.attempts"] == "3"
+    assert poison in headers["eoguard.error.reason"]
+    assert headers["eoguard.source.offset"] == "2"
+
+
+def test_batch_handler_failures_are_per_message(make, new_topic, kafka_bootstrap) -> None:
+    topic, dlq = new_topic(1), new_topic(1, prefix="dlq")
+    envs = [envelope() for _ in range(8)]
+    produce(kafka_bootstrap, topic, envs)
+    handled: list[str] = []
+
+    def batch(contexts):
+        failed = {c.message_id: RuntimeError("nope") for c in contexts if c.message_id == envs[3].id}
+        handled.extend(c.message_id for c in contexts if c.message_id not in failed)
+        return failed
+
+    consumer = make([topic], batch_handler=batch, dead_letter_topic=dlq, max_retries=1)
+    drain([consumer], lambda: consumer.stats().dead_lettered >= 1)
+    assert sorted(handled) == sorted(e.id for e in envs if e.id != envs[3].id)
+    assert consumer.stats().handled == 7
+
+
+def test_transactional_effects_commit_once_and_atomically(make, new_topic, kafka_bootstrap,
+                                                          redis_client: redis.Redis,
+                                                          key_prefix: str) -> None:
+    topic = new_topic(4)
+    envs = [envelope() for _ in range(50)]
+    bad = envelope(b"bad")
+    produce(kafka_bootstrap, topic, [*envs, *envs[:10], bad, bad])
+    trap = f"{key_prefix}:trap"
+    redis_client.set(trap, "not a number")
+
+    def handler(ctx: HandlerContext) -> None:
+        ctx.tx.sadd(ctx.key_for("seen"), ctx.message_id)
+        ctx.tx.incr(ctx.key_for(f"count:{ctx.message_id}"))
+        if ctx.message_id == bad.id:
+            ctx.tx.incr(trap)  # refused by the done script: nothing of this message applies
+
+    consumer = make([topic], handler, max_retries=1, scope="tx")
+    drain([consumer], lambda: consumer.stats().polled >= 62 and consumer.stats().dead_lettered >= 1)
+    keys = consumer.config.keyspace
+    seen: set[bytes] = set()
+    for key in redis_client.scan_iter(match=keys.effect_pattern("tx", "seen"), count=1000):
+        seen |= redis_client.smembers(key)
+    assert seen == {e.id.encode() for e in envs}
+    counts = [redis_client.get(keys.effect("tx", e.id, f"count:{e.id}")) for e in envs]
+    assert counts == [b"1"] * len(envs)
+    assert redis_client.get(keys.effect("tx", bad.id, f"count:{bad.id}")) is None
+    stats = consumer.stats()
+    assert stats.handled == 50
+    assert stats.duplicates >= 10
+
+
+def test_read_process_write_output_ids_are_deterministic(make, new_topic, kafka_bootstrap) -> None:
+    source, sink = new_topic(2), new_topic(2)
+    inputs = [envelope(b"in %d" % i) for i in range(6)]
+    produce(kafka_bootstrap, source, inputs)
+
+    def handler(ctx: HandlerContext) -> None:
+        for i in range(2):
+            ctx.output(sink, ctx.envelope.payload + b" -> %d" % i, key=ctx.message_id)
+
+    # Two scopes reading the same inputs stand for a reprocessing of them.
+    first = make([source], handler, scope="rpw-1")
+    second = make([source], handler, scope="rpw-2")
+    drain([first, second], lambda: first.stats().handled >= 6 and second.stats().handled >= 6)
+    outputs = [CODEC.decode(m.value()) for m in read_all(kafka_bootstrap, sink, 24)]
+    assert len(outputs) == 24
+    want = {derived_message_id(e.id, i): e.payload + b" -> %d" % i for e in inputs for i in range(2)}
+    assert Counter(o.id for o in outputs) == Counter(dict.fromkeys(want, 2))
+    assert {o.id: o.payload for o in outputs} == want
+    assert all(o.expires_at_ms == next(e for e in inputs if o.id in
+                                       (derived_message_id(e.id, 0), derived_message_id(e.id, 1))
+                                       ).expires_at_ms for o in outputs)
+    # Downstream, the repeated outputs are duplicates.
+    seen, recorder_handler = recorder()
+    down = make([sink], recorder_handler, scope="downstream")
+    drain([down], lambda: down.stats().polled >= 24)
+    assert Counter(seen) == Counter(want.keys())
+    assert down.stats().duplicates == 12
+
+
+def test_payload_is_decoded_to_the_applications_form(make, new_topic, kafka_bootstrap) -> None:
+    topic = new_topic(1)
+    payloads = PayloadCodec()
+    order = {"order_id": "o-1", "customer": "c-9", "amount": Decimal("12.50"),
+             "currency": "EUR", "items": [{"sku": "s", "qty": 2, "unit_price": 6.25}],
+             "created_at": datetime.now(timezone.utc).replace(microsecond=0), "express": True,
+             "attributes": {"a": "b"}, "note": None}
+    env = envelope(payloads.encode(order, "eoguard.example.Order"),
+                   payload_schema="eoguard.example.Order")
+    produce(kafka_bootstrap, topic, [env])
+    got: list[Any] = []
+    consumer = make([topic], lambda ctx: got.append(ctx.payload))
+    drain([consumer], lambda: len(got) >= 1)
+    assert got[0]["order_id"] == "o-1"
+    assert got[0]["amount"] == order["amount"]
+    assert got[0]["created_at"] == order["created_at"]
+
+
+def test_handled_message_acknowledges_the_outbox(make, new_topic, kafka_bootstrap,
+                                                 redis_client: redis.Redis, key_prefix) -> None:
+    topic = new_topic(1)
+    envs = [envelope() for _ in range(5)]
+    outbox = Outbox(redis_client, KeySpace(prefix=key_prefix))
+    outbox.put([OutboxRecord(id=e.id, topic=topic, key=None, value=CODEC.encode(e),
+                             created_at_ms=e.created_at_ms, expires_at_ms=e.expires_at_ms)
+                for e in envs], owner="p1", keep_until=KeepUntil.CONSUMED, resend_after_ms=60_000)
+    assert all(outbox.get(e.id) is not None for e in envs)
+    produce(kafka_bootstrap, topic, envs)
+    seen, handler = recorder()
+    consumer = make([topic], handler)
+    drain([consumer], lambda: len(seen) >= 5)
+    assert [outbox.get(e.id) for e in envs] == [None] * 5
+
+
+def test_busy_claim_is_waited_on_then_taken_over_or_skipped(make, new_topic, kafka_bootstrap,
+                                                            redis_client, key_prefix) -> None:
+    topic = new_topic(1)
+    lapsing, held = envelope(), envelope()
+    keys = KeySpace(prefix=key_prefix)
+    # Another owner (a consumer that died mid-handler) claimed both, with short and long leases.
+    for env, lease_ms in ((lapsing, 1_000), (held, 120_000)):
+        store = DedupStore(redis_client, scope="app", keys=keys, lease_ms=lease_ms)
+        store.claim([Claim(env.id, owner_token("app", "elsewhere", 0, 1), env.expires_at_ms)])
+    produce(kafka_bootstrap, topic, [lapsing, held])
+    seen, handler = recorder()
+    started = now_ms()
+    consumer = make([topic], handler, busy_wait_s=3.0)
+    drain([consumer], lambda: consumer.stats().busy_skipped >= 1)
+    assert seen == [lapsing.id]
+    assert now_ms() - started >= 900
+    assert consumer.stats().busy_waits >= 1
+
+
+def test_dedup_keys_are_gone_after_expiry_plus_grace(make, new_topic, kafka_bootstrap,
+                                                      redis_client, key_prefix) -> None:
+    topic = new_topic(1)
+    envs = [envelope(ttl_ms=6_000) for _ in range(20)]
+    produce(kafka_bootstrap, topic, envs)
+    seen, handler = recorder()
+    consumer = make([topic], handler, grace_s=1.0, scope="short")
+    drain([consumer], lambda: len(seen) >= 20)
+    pattern = KeySpace(prefix=key_prefix).dedup_pattern("short")
+    assert list(redis_client.scan_iter(match=pattern, count=1000))  # they existed
+    last = max(e.expires_at_ms for e in envs) + 1_000
+    time.sleep(max(0.0, (last - now_ms()) / 1000) + 0.2)
+    assert list(redis_client.scan_iter(match=pattern, count=1000)) == []
