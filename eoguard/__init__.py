@@ -4,6 +4,13 @@ This module holds the public API only; everything listed in ``__all__`` is stabl
 """
 
 from eoguard.codec import EnvelopeCodec, PayloadCodec, SchemaRegistry
+from eoguard.config import (
+    ConsumerConfig,
+    KeepUntil,
+    PersistenceMode,
+    ProducerConfig,
+    RedisConfig,
+)
 from eoguard.envelope import Envelope, derived_message_id, new_message_id, now_ms
 from eoguard.errors import (
     BackpressureError,
@@ -16,6 +23,7 @@ from eoguard.errors import (
     ConsumerError,
     CorruptRecordError,
     DeadLetterError,
+    DemoError,
     EoguardError,
     InvalidMessageError,
     MessageTooLargeError,
@@ -29,6 +37,13 @@ from eoguard.errors import (
     StoreUnavailableError,
     UnknownFingerprintError,
 )
+from eoguard.guard.batch import ConsumerStats
+from eoguard.guard.consumer import GuardedConsumer
+from eoguard.guard.handler import HandlerContext, RedisTx
+from eoguard.guard.messages import MessageState, ProducerStats, SendHandle
+from eoguard.guard.producer import GuardedProducer
+from eoguard.guard.recovery import RecoveryReport
+from eoguard.store.dedup import ClaimResult, DedupStore
 
 __all__ = [
     "BackpressureError",
@@ -36,23 +51,40 @@ __all__ = [
     "BrokerError",
     "BrokerUnavailableError",
     "ClaimNotOwnedError",
+    "ClaimResult",
     "CodecError",
     "ConfigError",
+    "ConsumerConfig",
     "ConsumerError",
+    "ConsumerStats",
     "CorruptRecordError",
     "DeadLetterError",
+    "DedupStore",
+    "DemoError",
     "Envelope",
     "EnvelopeCodec",
     "EoguardError",
+    "GuardedConsumer",
+    "GuardedProducer",
+    "HandlerContext",
     "InvalidMessageError",
+    "KeepUntil",
+    "MessageState",
     "MessageTooLargeError",
     "PayloadCodec",
     "PayloadEncodeError",
     "PersistError",
+    "PersistenceMode",
     "ProducerClosedError",
+    "ProducerConfig",
     "ProducerError",
+    "ProducerStats",
+    "RecoveryReport",
+    "RedisConfig",
+    "RedisTx",
     "SchemaNotFoundError",
     "SchemaRegistry",
+    "SendHandle",
     "StackError",
     "StoreError",
     "StoreUnavailableError",

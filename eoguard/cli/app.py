@@ -1,0 +1,63 @@
+"""The ``eoguard`` click group: global options and the command tree.
+
+Every command reads Redis through the store wrappers (``eoguard.store``) with the KeySpace
+built from ``--prefix``/``--shards``; no command spells a key name. User errors end the
+command with ONE line on stderr and a non-zero exit code, never a traceback (see
+:mod:`eoguard.cli.context` for the codes).
+"""
+
+from __future__ import annotations
+
+import click
+
+from eoguard.cli import dedup, demo, outbox, stack, status
+from eoguard.cli.context import BadInputError, CliContext, EoguardGroup
+from eoguard.errors import ConfigError
+from eoguard.store.keys import DEFAULT_PREFIX, DEFAULT_SHARDS, KeySpace
+
+
+def default_redis_url() -> str:
+    """The local stack's Redis (the stack itself honours ``EOGUARD_REDIS_URL`` too)."""
+    from eoguard.stack import LocalStack  # noqa: PLC0415 - keep `eoguard --help` light
+
+    return LocalStack().endpoints().redis_url
+
+
+def _check_prefix(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        KeySpace(prefix=value)
+    except ConfigError as exc:
+        raise BadInputError(f"--prefix: {exc}") from exc
+    return value
+
+
+@click.group(cls=EoguardGroup, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog="Exit codes: 0 ok; 1 operation failed (Redis unreachable, wrong auth, "
+                    "invariant broken); 2 bad input (usage, bad URL); 3 id not found.")
+@click.option("--redis-url", envvar="EOGUARD_REDIS_URL", default=None, show_envvar=True,
+              metavar="URL", help="Redis holding the outbox and dedup keys "
+                                  "[default: the local stack's, redis://127.0.0.1:16379/0].")
+@click.option("--prefix", envvar="EOGUARD_PREFIX", default=DEFAULT_PREFIX, show_default=True,
+              show_envvar=True, callback=_check_prefix, help="Key prefix the producers and consumers use.")
+@click.option("--shards", envvar="EOGUARD_SHARDS", default=DEFAULT_SHARDS, show_default=True,
+              show_envvar=True, type=click.IntRange(1, 16384),
+              help="Shard count of the key space (must match the producers').")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of tables.")
+@click.version_option(package_name="eoguard", prog_name="eoguard")
+@click.pass_context
+def cli(ctx: click.Context, redis_url: str | None, prefix: str, shards: int, as_json: bool) -> None:
+    """Inspect and repair eoguard's Redis state; run the local stack and the demo."""
+    obj = CliContext(redis_url=redis_url or default_redis_url(), prefix=prefix, shards=shards,
+                     as_json=as_json, redis_url_explicit=redis_url is not None and
+                     ctx.get_parameter_source("redis_url") is click.core.ParameterSource.COMMANDLINE)
+    ctx.obj = obj
+    ctx.call_on_close(obj.close)
+
+
+for _command in (status.status, outbox.outbox, dedup.dedup, stack.stack, demo.demo):
+    cli.add_command(_command)
+
+
+def main() -> None:
+    """Console-script entry point (``eoguard = "eoguard.cli:main"``)."""
+    cli(prog_name="eoguard")

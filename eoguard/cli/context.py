@@ -1,0 +1,169 @@
+"""Shared by every command: the CLI context, one-line errors and exit codes.
+
+Exit codes:
+
+    0  ok
+    1  the operation failed: Redis unreachable, wrong auth, Redis refused, stack failure,
+       a demo invariant broken
+    2  bad input: unknown option, bad Redis URL, invalid prefix or argument
+    3  not found: the message id or dedup key does not exist
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import update_wrapper
+from typing import Any, TypeVar, cast
+
+import click
+import redis
+
+from eoguard.errors import ConfigError, EoguardError, StoreUnavailableError
+from eoguard.store.keys import KeySpace
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_NOT_FOUND = 3
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class CliError(click.ClickException):
+    """A user-facing failure: printed as one line, exit code :data:`EXIT_FAILED`."""
+
+    exit_code = EXIT_FAILED
+
+
+class BadInputError(CliError):
+    """The user's input is invalid (bad URL, prefix, argument): exit code 2."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class NotFoundError(CliError):
+    """An id the user named does not exist in Redis: exit code 3."""
+
+    exit_code = EXIT_NOT_FOUND
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ``***`` (errors and tables never show secrets)."""
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def translate(exc: BaseException, redis_url: str) -> CliError:
+    """Map a redis-py or eoguard error to a one-line :class:`CliError`."""
+    where = redact_url(redis_url)
+    if isinstance(exc, EoguardError) and isinstance(exc.__cause__, redis.RedisError):
+        exc = exc.__cause__  # the store wrapped it: judge by what Redis said
+    if isinstance(exc, redis.AuthenticationError) or (
+        isinstance(exc, redis.ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS"))
+    ):
+        return CliError(f"Redis at {where} refused authentication: {_one_line(exc)}")
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, StoreUnavailableError)):
+        return CliError(f"Redis at {where} is unreachable: {_one_line(exc)}")
+    if isinstance(exc, ConfigError):
+        return BadInputError(_one_line(exc))
+    if isinstance(exc, redis.RedisError):
+        return CliError(f"Redis at {where} failed: {_one_line(exc)}")
+    return CliError(_one_line(exc))
+
+
+@dataclass
+class CliContext:
+    """What every command needs: where Redis is, the key space, the output form."""
+
+    redis_url: str
+    prefix: str
+    shards: int
+    as_json: bool
+    redis_url_explicit: bool = False  # given on the command line (not the default)
+    _client: redis.Redis[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def keys(self) -> KeySpace:
+        return KeySpace(prefix=self.prefix, shards=self.shards)
+
+    def client(self) -> redis.Redis[bytes]:
+        """A connected client (pinged once, so an unreachable Redis fails here, cleanly)."""
+        if self._client is None:
+            try:
+                client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=3.0,
+                                              socket_timeout=30.0)
+            except ValueError as exc:
+                raise BadInputError(
+                    f"bad Redis URL {redact_url(self.redis_url)!r}: {_one_line(exc)}") from exc
+            client.ping()
+            self._client = client
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+class EoguardGroup(click.Group):
+    """A click group that turns eoguard and redis-py errors into one-line exits."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except (EoguardError, redis.RedisError) as exc:
+            obj = ctx.find_object(CliContext)
+            raise translate(exc, obj.redis_url if obj else "?") from exc
+
+
+def _context_of(ctx: click.Context) -> CliContext:
+    obj = ctx.find_object(CliContext)
+    if obj is None:  # a command invoked without the group (a programming error, not a user's)
+        raise RuntimeError("eoguard command invoked outside the eoguard group")
+    return obj
+
+
+def pass_cli(f: F) -> F:
+    """Decorator: pass the :class:`CliContext` as the first argument."""
+
+    @click.pass_context
+    def wrapper(ctx: click.Context, *args: Any, **kwargs: Any) -> Any:
+        return ctx.invoke(f, _context_of(ctx), *args, **kwargs)
+
+    return cast("F", update_wrapper(wrapper, f))
+
+
+def _set_json(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        _context_of(ctx).as_json = True
+
+
+def json_option(f: F) -> F:
+    """``--json`` on a subcommand too (``eoguard status --json`` = ``eoguard --json status``)."""
+    return click.option("--json", "as_json_local", is_flag=True, expose_value=False,
+                        callback=_set_json, help="Print JSON for scripts instead of tables.")(f)
+
+
+class Duration(click.ParamType):  # type: ignore[type-arg]
+    """A duration like ``90``, ``850ms``, ``30s``, ``5m``, ``2h``, ``1d``; converts to milliseconds."""
+
+    name = "duration"
+    _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*", str(value))
+        if not match:
+            self.fail(f"{value!r} is not a duration (e.g. 30s, 5m, 2h, 1d)", param, ctx)
+        return int(float(match.group(1)) * self._UNITS[match.group(2) or "s"])
+
+
+DURATION = Duration()

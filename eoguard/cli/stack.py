@@ -1,0 +1,72 @@
+"""``eoguard stack up|down|status``: the local Kafka + Redis stack (eoguard.stack.LocalStack)."""
+
+from __future__ import annotations
+
+import click
+
+from eoguard.cli import render
+from eoguard.cli.context import CliContext, json_option, pass_cli
+from eoguard.stack import LocalStack
+
+
+@click.group()
+def stack() -> None:
+    """The local stack: one Kafka (KRaft) and one Redis (AOF), for the demo and the tests.
+
+    EOGUARD_KAFKA_BOOTSTRAP / EOGUARD_REDIS_URL name services to reuse instead; the stack
+    then starts and stops nothing of its own for them.
+    """
+
+
+@stack.command()
+@json_option
+@pass_cli
+def up(cli: CliContext) -> None:
+    """Start Kafka and Redis unless they already run (idempotent); print their endpoints."""
+    local = LocalStack()
+    with render.err_console().status("starting the local stack (Kafka can take ~20 s)...") as status:
+        if cli.as_json:
+            status.stop()
+        ends, started = local.up()
+    data = {"kafka_bootstrap": ends.kafka_bootstrap, "redis_url": ends.redis_url, "started": started,
+            "env": ends.as_env()}
+    render.show(cli, data, render.key_values("local stack", {
+        "kafka": ends.kafka_bootstrap,
+        "redis": ends.redis_url,
+        "started now": ", ".join(started) or "nothing (already running)",
+    }))
+
+
+@stack.command()
+@click.option("--clean", is_flag=True, help="Also delete Kafka's log and Redis's data.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation with --clean.")
+@click.option("--dry-run", is_flag=True, help="Say what would stop, stop nothing.")
+@json_option
+@pass_cli
+def down(cli: CliContext, *, clean: bool, yes: bool, dry_run: bool) -> None:
+    """Stop the Kafka and Redis this stack started (services named by env vars are left alone)."""
+    local = LocalStack()
+    ends = local.endpoints()
+    managed = [name for name, owned in (("kafka", ends.kafka_managed), ("redis", ends.redis_managed))
+               if owned]
+    action = "stop and DELETE the data of" if clean else "stop"
+    if not dry_run and clean and not yes:
+        click.confirm(f"{action} {', '.join(managed) or 'nothing'}?", abort=True, err=True)
+    if not dry_run:
+        local.down(clean=clean)
+    data = {"stopped": [] if dry_run else managed, "would_stop": managed if dry_run else [],
+            "cleaned": clean and not dry_run, "dry_run": dry_run}
+    verb = "would " + action if dry_run else action.replace("stop", "stopped", 1)
+    render.show(cli, data, f"{verb}: {', '.join(managed) or 'nothing (no managed service)'}")
+
+
+@stack.command("status")
+@json_option
+@pass_cli
+def stack_status(cli: CliContext) -> None:
+    """Address, pid and readiness of each service (managed = started by this stack)."""
+    services = LocalStack().status()
+    rows = [[name, s["address"], s["managed"], str(s["pid"] or "-"), s["ready"], s["log"]]
+            for name, s in services.items()]
+    render.show(cli, services,
+                render.table("local stack", ["service", "address", "managed", "pid", "ready", "log"], rows))

@@ -1,0 +1,207 @@
+"""``eoguard status``: outbox, dedup keys, liveness leases and memory, from one SCAN pass."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Any
+
+import click
+
+from eoguard.cli import render
+from eoguard.cli.context import CliContext, json_option, pass_cli, redact_url
+from eoguard.store.dedup import DedupEntry, DedupState, read_entries
+from eoguard.store.liveness import Liveness
+from eoguard.store.outbox import RecordState
+from eoguard.store.outbox_admin import RecordSummary, read_records
+
+HELP = """Overall state: outbox records by topic and state (pending / published), the oldest
+pending record's age, records past their resend time; dedup keys by scope and state (claimed /
+done), claims whose lease lapsed; live producers and consumers (liveness leases); memory used
+by these keys.
+
+How: one SCAN pass over the key prefix (COUNT --count per call, never KEYS) with a pipelined
+read per batch, so the figures are exact and Redis stays responsive; a progress bar shows the
+pass on a terminal. SCAN visits every key of the database (the prefix filter applies after),
+about a second per million keys; the reads cost in proportion to eoguard's own keys.
+
+Why not counters: outbox records and dedup keys disappear by TTL, which Redis does silently
+(no script runs), so counters kept by the scripts would drift up forever and count records
+that expired long ago.
+"""
+
+
+@dataclass
+class OutboxTally:
+    """Outbox figures accumulated over the SCAN."""
+
+    by_topic_state: Counter[tuple[str, str]] = field(default_factory=Counter)
+    oldest_pending_created_ms: int | None = None
+    past_resend: int = 0
+    max_attempt: int = 0
+    memory_bytes: int = 0
+
+    def add(self, rec: RecordSummary, now_ms: int) -> None:
+        self.by_topic_state[(rec.topic, rec.state.value)] += 1
+        self.max_attempt = max(self.max_attempt, rec.attempt)
+        if rec.state is RecordState.PENDING:
+            if self.oldest_pending_created_ms is None or rec.created_at_ms < self.oldest_pending_created_ms:
+                self.oldest_pending_created_ms = rec.created_at_ms
+            if rec.next_resend_at_ms <= now_ms:
+                self.past_resend += 1
+
+
+@dataclass
+class DedupTally:
+    """Dedup figures accumulated over the SCAN."""
+
+    by_scope_state: Counter[tuple[str, str]] = field(default_factory=Counter)
+    lapsed: Counter[str] = field(default_factory=Counter)
+    memory_bytes: int = 0
+
+    def add(self, entry: DedupEntry, now_ms: int) -> None:
+        self.by_scope_state[(entry.scope, _state_name(entry.state))] += 1
+        if entry.state is DedupState.CLAIMED and entry.at_ms <= now_ms:
+            self.lapsed[entry.scope] += 1
+
+
+def _state_name(state: DedupState) -> str:
+    return state.name.lower()
+
+
+def _memory(cli: CliContext, redis_keys: Sequence[str]) -> dict[str, int]:
+    """Bytes Redis uses per key (MEMORY USAGE, pipelined; a vanished key counts 0)."""
+    if not redis_keys:
+        return {}
+    pipe = cli.client().pipeline(transaction=False)
+    for key in redis_keys:
+        pipe.memory_usage(key, samples=0)
+    return {key: int(n or 0) for key, n in zip(redis_keys, pipe.execute(), strict=True)}
+
+
+def _server_ms(cli: CliContext) -> int:
+    seconds, micros = cli.client().time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def scan_prefix(cli: CliContext, count: int) -> Iterator[tuple[list[str], list[str], list[str]]]:
+    """One SCAN pass over the prefix: (every name, outbox record names, dedup key names) per call."""
+    client, keys = cli.client(), cli.keys
+    record_pattern, dedup_pattern = keys.outbox_record_pattern(), keys.dedup_pattern()
+    cursor: Any = 0
+    while True:
+        cursor, names = client.scan(cursor, match=keys.pattern(), count=count)
+        text = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+        yield (text, [n for n in text if fnmatchcase(n, record_pattern)],
+               [n for n in text if fnmatchcase(n, dedup_pattern)])
+        if int(cursor) == 0:
+            return
+
+
+def collect(cli: CliContext, *, scope: str | None, count: int, memory: bool) -> dict[str, Any]:
+    """Scan the key space once and return the status as plain data."""
+    client = cli.client()
+    keys = cli.keys
+    now = _server_ms(cli)
+    outbox, dedup = OutboxTally(), DedupTally()
+    all_keys = total_bytes = 0
+    with render.progress(cli) as progress:
+        task = progress.add_task("scanning", total=max(int(client.dbsize()), 1))
+        for names, record_names, dedup_names in scan_prefix(cli, count):
+            all_keys += len(names)
+            progress.advance(task, count)
+            records = read_records(client, record_names)
+            entries = [e for e in read_entries(client, keys, dedup_names)
+                       if scope is None or e.scope == scope]
+            for rec in records:
+                outbox.add(rec, now)
+            for entry in entries:
+                dedup.add(entry, now)
+            if memory:
+                used = _memory(cli, names)
+                total_bytes += sum(used.values())
+                outbox.memory_bytes += sum(used.get(r.redis_key, 0) for r in records)
+                dedup.memory_bytes += sum(used.get(e.key, 0) for e in entries)
+    live = Liveness(client, keys).live()
+    consumers = Liveness(client, keys, role="consumers").live()
+    topics: dict[str, dict[str, int]] = defaultdict(lambda: {"pending": 0, "published": 0})
+    for (topic, state), n in sorted(outbox.by_topic_state.items()):
+        topics[topic][state] = n
+    scopes: dict[str, dict[str, int]] = defaultdict(lambda: {"claimed": 0, "done": 0, "lapsed": 0})
+    for (name, state), n in sorted(dedup.by_scope_state.items()):
+        scopes[name][state] = n
+    for name, n in dedup.lapsed.items():
+        scopes[name]["lapsed"] = n
+    oldest = outbox.oldest_pending_created_ms
+    return {
+        "redis_url": None, "prefix": keys.prefix, "shards": keys.shards, "server_time_ms": now,
+        "outbox": {
+            "records": sum(outbox.by_topic_state.values()),
+            "pending": sum(n for (_, s), n in outbox.by_topic_state.items() if s == "pending"),
+            "published": sum(n for (_, s), n in outbox.by_topic_state.items() if s == "published"),
+            "by_topic": dict(topics),
+            "oldest_pending_age_ms": None if oldest is None else max(0, now - oldest),
+            "past_resend_time": outbox.past_resend,
+            "max_attempt": outbox.max_attempt,
+            "memory_bytes": outbox.memory_bytes if memory else None,
+        },
+        "dedup": {
+            "keys": sum(dedup.by_scope_state.values()),
+            "by_scope": dict(scopes),
+            "lapsed_claims": sum(dedup.lapsed.values()),
+            "memory_bytes": dedup.memory_bytes if memory else None,
+        },
+        "live": {
+            "producers": {k: v - live.read_at_ms for k, v in sorted(live.deadlines.items())},
+            "consumers": {k: v - consumers.read_at_ms for k, v in sorted(consumers.deadlines.items())},
+        },
+        "keys": all_keys,  # every key under the prefix: records, indexes, dedup, effects, leases
+        "memory_bytes": total_bytes if memory else None,
+    }
+
+
+def _tables(data: dict[str, Any]) -> list[Any]:
+    ob, dd, live = data["outbox"], data["dedup"], data["live"]
+    summary = render.key_values(f"eoguard status - prefix {data['prefix']!r}", {
+        "outbox records": ob["records"],
+        "  pending / published": f"{ob['pending']:,} / {ob['published']:,}",
+        "  oldest pending age": render.duration_ms(ob["oldest_pending_age_ms"]),
+        "  past resend time": ob["past_resend_time"],
+        "  highest attempt": ob["max_attempt"] or None,
+        "dedup keys": dd["keys"],
+        "  claims with lapsed lease": dd["lapsed_claims"],
+        "live producers": len(live["producers"]),
+        "live consumers": len(live["consumers"]),
+        "keys under the prefix": data["keys"],
+        "memory of those keys": None if data["memory_bytes"] is None
+        else f"{data['memory_bytes'] / 1024:,.1f} KiB",
+    })
+    out: list[Any] = [summary]
+    if ob["by_topic"]:
+        out.append(render.table("outbox by topic", ["topic", "pending", "published"],
+                                [[t, v["pending"], v["published"]] for t, v in ob["by_topic"].items()]))
+    if dd["by_scope"]:
+        out.append(render.table("dedup keys by scope", ["scope", "claimed", "done", "lapsed claims"],
+                                [[s, v["claimed"], v["done"], v["lapsed"]]
+                                 for s, v in dd["by_scope"].items()]))
+    leases = [["producer", k, render.duration_ms(v)] for k, v in live["producers"].items()]
+    leases += [["consumer", k, render.duration_ms(v)] for k, v in live["consumers"].items()]
+    if leases:
+        out.append(render.table("liveness leases", ["role", "instance", "lease left"], leases))
+    return out
+
+
+@click.command(help=HELP)
+@click.option("--scope", default=None, help="Only the dedup keys of this consumer scope.")
+@click.option("--count", default=1000, show_default=True, type=click.IntRange(10, 100_000),
+              help="SCAN COUNT: keys Redis visits per call (larger: fewer round trips, longer calls).")
+@click.option("--memory/--no-memory", default=True, show_default=True,
+              help="Sum MEMORY USAGE of the keys scanned (one more pipelined call per batch).")
+@json_option
+@pass_cli
+def status(cli: CliContext, *, scope: str | None, count: int, memory: bool) -> None:
+    data = collect(cli, scope=scope, count=count, memory=memory)
+    data["redis_url"] = redact_url(cli.redis_url)
+    render.show(cli, data, *_tables(data))

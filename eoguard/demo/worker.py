@@ -1,0 +1,203 @@
+"""The demo's worker processes: ``python -m eoguard.demo.worker producer|consumer ...``.
+
+The demo runs them as subprocesses so it can SIGKILL them mid-way, as a crash would.
+
+producer: a GuardedProducer (persist-first, keep_until=consumed) sends orders at a steady rate
+and writes its ledger, one line per event, flushed line by line so a SIGKILL loses none that
+were written: ``S <seq> <id>`` sent, ``G <id>`` guaranteed, ``F <id> <reason>`` failed,
+``D <id>`` produced a second time on purpose (the very same envelope bytes, read back from the
+outbox, as an application retry would). At the end it writes its ``stats()``.
+
+consumer: a GuardedConsumer in one scope with a Redis-transactional handler: it counts each
+handling in a hash (``HINCRBY handled <id> 1``) inside the done mark's script, so the count is
+exactly the number of committed handlings; a handling after ``expires_at`` counts in ``late``.
+It writes its ``stats()`` every few hundred ms and on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+EFFECT_TTL_MS = 3_600_000
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, default=str))
+    os.replace(tmp, path)
+
+
+class Ledger:
+    """Append-only, line-buffered: each line is one write(2), so it survives a SIGKILL."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = path.open("a", buffering=1, encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def write(self, line: str) -> None:
+        with self._lock:
+            self._file.write(line + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _ledger_delivery(ledger: Ledger, message_id: str) -> Callable[[Any, Any], None]:
+    def delivered(err: Any, _msg: Any) -> None:
+        if err is None:
+            ledger.write(f"D {message_id}")
+    return delivered
+
+
+def run_producer(args: argparse.Namespace) -> int:
+    import confluent_kafka  # noqa: PLC0415 - the worker's imports stay out of `eoguard --help`
+
+    from eoguard.config import KeepUntil, PersistenceMode, ProducerConfig, RedisConfig  # noqa: PLC0415
+    from eoguard.demo.plan import ORDER_SCHEMA, make_order  # noqa: PLC0415
+    from eoguard.guard.messages import SendHandle  # noqa: PLC0415
+    from eoguard.guard.producer import GuardedProducer  # noqa: PLC0415
+    from eoguard.store.keys import KeySpace  # noqa: PLC0415
+    from eoguard.store.outbox import Outbox  # noqa: PLC0415
+
+    ledger = Ledger(Path(args.ledger))
+    keys = KeySpace(prefix=args.prefix)
+    config = ProducerConfig(
+        kafka={"bootstrap.servers": args.bootstrap, "linger.ms": 5, "message.timeout.ms": 15_000},
+        redis=RedisConfig(url=args.redis_url), mode=PersistenceMode.PERSIST_FIRST,
+        keep_until=KeepUntil.CONSUMED, lease_s=args.lease_s, recover_interval_s=0.5,
+        keyspace=keys, instance_id=f"{args.name}-{os.getpid()}")
+    producer = GuardedProducer(
+        config, on_guaranteed=lambda h: ledger.write(f"G {h.id}"),
+        on_failed=lambda h, e: ledger.write(f"F {h.id} {type(e).__name__}"))
+    raw = confluent_kafka.Producer({"bootstrap.servers": args.bootstrap, "acks": "all",
+                                    "enable.idempotence": True, "linger.ms": 5})
+    outbox = Outbox(config.redis.connect(), keys)
+    duplicates: list[SendHandle] = []
+
+    def duplicate_guaranteed(final: bool) -> None:
+        # The same envelope bytes again, as an application that retries a send would.
+        for handle in [h for h in duplicates if h.guaranteed or final]:
+            duplicates.remove(handle)
+            rec = outbox.get(handle.id) if handle.guaranteed else None
+            if rec is None:  # consumed (and acked) already, or never guaranteed
+                continue
+            raw.produce(rec.topic, rec.value, rec.key, on_delivery=_ledger_delivery(ledger, handle.id))
+        raw.poll(0)
+
+    started = time.monotonic()
+    for i, seq in enumerate(range(args.start, args.start + args.count)):
+        ahead_s = started + i / args.rate - time.monotonic()
+        if ahead_s > 0:
+            time.sleep(ahead_s)
+        handle = producer.send(args.topic, make_order(seq), key=f"customer-{seq % 997:04d}",
+                               ttl_s=args.ttl_s, schema=ORDER_SCHEMA)
+        ledger.write(f"S {seq} {handle.id}")
+        if args.duplicate_every and seq % args.duplicate_every == args.duplicate_every // 2:
+            duplicates.append(handle)
+        if i % 200 == 0:
+            duplicate_guaranteed(final=False)
+    producer.flush(30.0)
+    duplicate_guaranteed(final=True)
+    # A recovering producer: take over what a crashed one left once its lease has lapsed.
+    wait_s = args.recover_after_s - (time.monotonic() - started)
+    if wait_s > 0:
+        time.sleep(wait_s)
+    producer.recover()
+    producer.flush(30.0)
+    raw.flush(30.0)
+    stats = asdict(producer.stats())
+    producer.close()
+    _write_json(Path(args.stats), stats)
+    ledger.close()
+    return 0
+
+
+def run_consumer(args: argparse.Namespace) -> int:
+    from eoguard.config import ConsumerConfig, RedisConfig  # noqa: PLC0415
+    from eoguard.demo.plan import HANDLED, LATE  # noqa: PLC0415
+    from eoguard.guard.consumer import GuardedConsumer  # noqa: PLC0415
+    from eoguard.guard.handler import HandlerContext  # noqa: PLC0415
+    from eoguard.store.keys import KeySpace  # noqa: PLC0415
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def handle(ctx: HandlerContext) -> None:
+        handled = ctx.key_for(HANDLED)
+        ctx.tx.hincrby(handled, ctx.message_id, 1)
+        ctx.tx.pexpire(handled, EFFECT_TTL_MS)
+        if ctx.envelope.is_expired():  # must never happen: expired messages never get here
+            late = ctx.key_for(LATE)
+            ctx.tx.hincrby(late, ctx.message_id, 1)
+            ctx.tx.pexpire(late, EFFECT_TTL_MS)
+
+    config = ConsumerConfig(
+        kafka={"bootstrap.servers": args.bootstrap, "group.id": args.group,
+               # Static membership: a restarted consumer takes its predecessor's partitions
+               # at once instead of waiting for the session of the killed one to time out.
+               "group.instance.id": args.instance, "session.timeout.ms": 10_000},
+        redis=RedisConfig(url=args.redis_url), scope=args.scope, topics=(args.topic,),
+        dead_letter_topic=args.dead_letter_topic, keyspace=KeySpace(prefix=args.prefix),
+        lease_s=5.0, busy_wait_s=10.0, max_retries=2)
+    consumer = GuardedConsumer(config, handler=handle)
+    stats_path = Path(args.stats)
+    last = 0.0
+    while not stop.is_set():
+        consumer.poll_once()
+        if time.monotonic() - last > 0.25:
+            _write_json(stats_path, asdict(consumer.stats()))
+            last = time.monotonic()
+    consumer.close()
+    _write_json(stats_path, {**asdict(consumer.stats()), "closed": True})
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m eoguard.demo.worker")
+    sub = p.add_subparsers(dest="role", required=True)
+    for role in ("producer", "consumer"):
+        s = sub.add_parser(role)
+        s.add_argument("--bootstrap", required=True)
+        s.add_argument("--redis-url", required=True)
+        s.add_argument("--prefix", required=True)
+        s.add_argument("--topic", required=True)
+        s.add_argument("--stats", required=True)
+    prod = sub.choices["producer"]
+    prod.add_argument("--name", required=True)
+    prod.add_argument("--ledger", required=True)
+    prod.add_argument("--start", type=int, default=0)
+    prod.add_argument("--count", type=int, required=True)
+    prod.add_argument("--rate", type=float, default=4000.0)
+    prod.add_argument("--ttl-s", type=float, default=600.0)
+    prod.add_argument("--duplicate-every", type=int, default=100)
+    prod.add_argument("--lease-s", type=float, default=1.0)
+    prod.add_argument("--recover-after-s", type=float, default=0.0,
+                      help="run a last recovery pass no earlier than this after start")
+    cons = sub.choices["consumer"]
+    cons.add_argument("--scope", required=True)
+    cons.add_argument("--group", required=True)
+    cons.add_argument("--instance", required=True)
+    cons.add_argument("--dead-letter-topic", required=True)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run_producer(args) if args.role == "producer" else run_consumer(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Fixtures for the CLI tests: click's CliRunner bound to the real Redis and a test prefix."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from eoguard.cli import cli
+from eoguard.codec import EnvelopeCodec, PayloadCodec
+from eoguard.config import KeepUntil
+from eoguard.envelope import Envelope
+from eoguard.store.dedup import Claim, DedupStore, owner_token
+from eoguard.store.keys import KeySpace
+from eoguard.store.liveness import Liveness
+from eoguard.store.outbox import Outbox, OutboxRecord
+
+
+@pytest.fixture
+def run_cli(redis_url: str, key_prefix: str) -> Callable[..., Result]:
+    """Run ``eoguard --redis-url <real> --prefix <this test's> ARGS``; ``input`` feeds prompts."""
+    runner = CliRunner()
+
+    def run(*args: str, input: str | None = None, prefix: str | None = None) -> Result:
+        argv = ["--redis-url", redis_url, "--prefix", prefix or key_prefix, *args]
+        return runner.invoke(cli, argv, input=input, catch_exceptions=True)
+
+    return run
+
+
+def _as_json(result: Result) -> Any:
+    assert result.exit_code == 0, (result.exit_code, result.output, result.exception)
+    try:
+        return json.loads(result.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(f"not JSON: {result.stdout!r}")
+
+
+@pytest.fixture
+def as_json() -> Callable[[Result], Any]:
+    """Parse what a ``--json`` command printed (asserting exit code 0 first)."""
+    return _as_json
+
+
+# Known state, written through the store wrappers -------------------------------------------
+
+ORDER = "eoguard.example.Order"
+
+
+def an_order(n: int = 1) -> dict[str, Any]:
+    return {"order_id": f"order-{n}", "customer": "customer-7", "amount": decimal.Decimal("12.50"),
+            "currency": "EUR", "items": [{"sku": "sku-1", "qty": 2, "unit_price": 6.25}],
+            "created_at": datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc),
+            "express": True, "attributes": {"channel": "web"}, "note": None}
+
+
+@dataclass
+class Seeded:
+    """What the ``seeded`` fixture wrote: ids by role."""
+
+    keys: KeySpace
+    published: str
+    live_pending: list[str]
+    stuck: list[str]
+    done: list[str]
+    claimed_live: str
+    claimed_lapsed: str
+
+
+def outbox_record(topic: str, *, ttl_ms: int = 600_000, n: int = 1) -> OutboxRecord:
+    env = Envelope.create(PayloadCodec().encode(an_order(n), ORDER), ttl_ms=ttl_ms,
+                          producer="seed", payload_schema=ORDER)
+    return OutboxRecord(id=env.id, topic=topic, key=b"customer-7", value=EnvelopeCodec().encode(env),
+                        created_at_ms=env.created_at_ms, expires_at_ms=env.expires_at_ms)
+
+
+@pytest.fixture
+def seeded(redis_client, key_prefix: str) -> Seeded:
+    """Outbox: orders = 1 published + 2 pending (live owner); refunds = 2 pending whose owner
+    is gone (stuck). Dedup: scope billing = 2 done + 1 claimed (live lease); scope shipping =
+    1 claim whose lease lapsed. One live producer lease (p-live)."""
+    keys = KeySpace(prefix=key_prefix)
+    box = Outbox(redis_client, keys)
+    Liveness(redis_client, keys).heartbeat("p-live", 60_000)
+    orders = [outbox_record("orders", n=i) for i in range(3)]
+    refunds = [outbox_record("refunds", n=10 + i) for i in range(2)]
+    box.put(orders, owner="p-live", keep_until=KeepUntil.CONSUMED, resend_after_ms=600_000)
+    box.put(refunds, owner="p-gone", keep_until=KeepUntil.CONSUMED, resend_after_ms=600_000)
+    box.mark_published([orders[0].id])
+    billing = DedupStore(redis_client, scope="billing", keys=keys, lease_ms=60_000)
+    claims = [Claim(r.id, owner_token("billing", "orders", 0, i), r.expires_at_ms)
+              for i, r in enumerate(orders)]
+    billing.claim(claims)
+    billing.done(claims[:2])
+    shipping = DedupStore(redis_client, scope="shipping", keys=keys, lease_ms=1)
+    lapsed = Claim(refunds[0].id, owner_token("shipping", "refunds", 1, 5), refunds[0].expires_at_ms)
+    shipping.claim([lapsed])
+    time.sleep(0.01)
+    return Seeded(keys=keys, published=orders[0].id, live_pending=[r.id for r in orders[1:]],
+                  stuck=[r.id for r in refunds], done=[r.id for r in orders[:2]],
+                  claimed_live=orders[2].id, claimed_lapsed=refunds[0].id)
