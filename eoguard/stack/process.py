@@ -69,7 +69,9 @@ class ManagedProcess(abc.ABC):
 
     def start(self) -> bool:
         """Start the service and wait until it is ready; return False if it already ran."""
-        if self.pid() is not None and self.is_ready():
+        if self.is_ready():
+            # Ours from an earlier start, or another stack's on the same port: either way it
+            # answers, and we did not start it now, so we will not stop it either.
             return False
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.prepare()
