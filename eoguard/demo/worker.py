@@ -149,7 +149,7 @@ def run_consumer(args: argparse.Namespace) -> int:
                "group.instance.id": args.instance, "session.timeout.ms": 10_000},
         redis=RedisConfig(url=args.redis_url), scope=args.scope, topics=(args.topic,),
         dead_letter_topic=args.dead_letter_topic, keyspace=KeySpace(prefix=args.prefix),
-        lease_s=5.0, busy_wait_s=10.0, max_retries=2)
+        lease_s=5.0, busy_wait_s=10.0, max_retries=2, grace_s=args.grace_s)
     consumer = GuardedConsumer(config, handler=handle)
     stats_path = Path(args.stats)
     last = 0.0
@@ -189,6 +189,8 @@ def parser() -> argparse.ArgumentParser:
     cons.add_argument("--group", required=True)
     cons.add_argument("--instance", required=True)
     cons.add_argument("--dead-letter-topic", required=True)
+    cons.add_argument("--grace-s", type=float, default=300.0,
+                      help="dedup keys live until expires_at plus this")
     return p
 
 
