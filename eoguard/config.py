@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import enum
 import logging
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from eoguard.errors import ConfigError
+from eoguard.redaction import redact, redact_url
 from eoguard.store.client import RedisClient
 from eoguard.store.keys import KeySpace
 
@@ -28,22 +28,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_SECRET_KEY = re.compile(r"password|secret|sasl\.(username|oauthbearer|kerberos\.keytab|jaas)"
-                         r"|ssl\.key|ssl_key|token|credential", re.IGNORECASE)
-_URL_PASSWORD = re.compile(r"(?<=://)([^:/@]*):([^@/]*)@")
-_REDACTED = "***"
 
 LIBRDKAFKA_MESSAGE_TIMEOUT_MS = 300_000
 """librdkafka's default ``message.timeout.ms`` (alias ``delivery.timeout.ms``)."""
 
 
-def redact(conf: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``conf`` with every secret-looking value replaced by ``'***'``."""
-    return {k: _REDACTED if _SECRET_KEY.search(k) else v for k, v in conf.items()}
-
-
 def _redact_url(url: str | None) -> str | None:
-    return None if url is None else _URL_PASSWORD.sub(r"\1:***@", url)
+    return None if url is None else redact_url(url)
 
 
 def _positive(name: str, value: float) -> None:
@@ -109,7 +100,8 @@ class RedisConfig:
         try:
             client: RedisClient = redis.Redis.from_url(self.url, **kwargs)
         except (ValueError, TypeError) as exc:
-            raise ConfigError(f"invalid Redis configuration: {exc}") from exc
+            # redis-py's message may quote part of the password: name the URL, redacted, instead.
+            raise ConfigError(f"invalid Redis URL {redact_url(self.url)} ({type(exc).__name__})") from None
         return client
 
 

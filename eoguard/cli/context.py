@@ -21,6 +21,7 @@ import click
 import redis
 
 from eoguard.errors import ConfigError, EoguardError, StoreUnavailableError
+from eoguard.redaction import redact_url
 from eoguard.store.keys import KeySpace
 
 EXIT_FAILED = 1
@@ -46,11 +47,6 @@ class NotFoundError(CliError):
     """An id the user named does not exist in Redis: exit code 3."""
 
     exit_code = EXIT_NOT_FOUND
-
-
-def redact_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (errors and tables never show secrets)."""
-    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -99,7 +95,8 @@ class CliContext:
                                               socket_timeout=30.0)
             except ValueError as exc:
                 raise BadInputError(
-                    f"bad Redis URL {redact_url(self.redis_url)!r}: {_one_line(exc)}") from exc
+                    # redis-py's message may quote part of the password: not shown.
+                    f"bad Redis URL {redact_url(self.redis_url)!r} ({type(exc).__name__})") from None
             client.ping()
             self._client = client
         return self._client

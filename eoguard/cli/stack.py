@@ -6,6 +6,7 @@ import click
 
 from eoguard.cli import render
 from eoguard.cli.context import CliContext, json_option, pass_cli
+from eoguard.redaction import redact_url
 from eoguard.stack import LocalStack
 
 
@@ -28,11 +29,12 @@ def up(cli: CliContext) -> None:
         if cli.as_json:
             status.stop()
         ends, started = local.up()
-    data = {"kafka_bootstrap": ends.kafka_bootstrap, "redis_url": ends.redis_url, "started": started,
-            "env": ends.as_env()}
+    redis_url = redact_url(ends.redis_url)
+    data = {"kafka_bootstrap": ends.kafka_bootstrap, "redis_url": redis_url, "started": started,
+            "env": {**ends.as_env(), "EOGUARD_REDIS_URL": redis_url}}
     render.show(cli, data, render.key_values("local stack", {
         "kafka": ends.kafka_bootstrap,
-        "redis": ends.redis_url,
+        "redis": redis_url,
         "started now": ", ".join(started) or "nothing (already running)",
     }))
 

@@ -11,7 +11,8 @@ from typing import Any
 import click
 
 from eoguard.cli import render
-from eoguard.cli.context import CliContext, json_option, pass_cli, redact_url
+from eoguard.cli.context import CliContext, json_option, pass_cli
+from eoguard.redaction import redact_url
 from eoguard.store.dedup import DedupEntry, DedupState, read_entries
 from eoguard.store.liveness import Liveness
 from eoguard.store.outbox import RecordState

@@ -7,6 +7,7 @@ import json
 import sys
 
 from eoguard.errors import StackError
+from eoguard.redaction import redact_url
 from eoguard.stack import LocalStack, resolve
 from eoguard.stack.redis_server import ensure_redis_server
 
@@ -20,7 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.action == "up":
             ends, started = stack.up()
-            print(json.dumps({**ends.as_env(), "started": started}))
+            shown = {**ends.as_env(), "EOGUARD_REDIS_URL": redact_url(ends.redis_url)}
+            print(json.dumps({**shown, "started": started}))
         elif args.action == "down":
             stack.down(clean=args.clean)
         elif args.action == "status":

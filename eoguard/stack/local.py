@@ -12,6 +12,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from eoguard.redaction import redact_url
 from eoguard.stack.kafka_broker import KafkaBroker
 from eoguard.stack.paths import cache_dir
 from eoguard.stack.redis_server import RedisServer
@@ -83,7 +84,7 @@ class LocalStack:
                       "pid": self.kafka.pid() if ends.kafka_managed else None,
                       "ready": self.kafka.is_ready() if ends.kafka_managed else None,
                       "log": str(self.kafka.log_path)},
-            "redis": {"address": ends.redis_url, "managed": ends.redis_managed,
+            "redis": {"address": redact_url(ends.redis_url), "managed": ends.redis_managed,
                       "pid": self.redis.pid() if ends.redis_managed else None,
                       "ready": self.redis.is_ready() if ends.redis_managed else None,
                       "log": str(self.redis.log_path)},
