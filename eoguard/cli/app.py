@@ -39,13 +39,15 @@ def _check_prefix(ctx: click.Context, param: click.Parameter, value: str) -> str
                                   "[default: the local stack's, redis://127.0.0.1:16379/0].")
 @click.option("--prefix", envvar="EOGUARD_PREFIX", default=DEFAULT_PREFIX, show_default=True,
               show_envvar=True, callback=_check_prefix, help="Key prefix the producers and consumers use.")
-@click.option("--shards", envvar="EOGUARD_SHARDS", default=DEFAULT_SHARDS, show_default=True,
-              show_envvar=True, type=click.IntRange(1, 16384),
-              help="Shard count of the key space (must match the producers').")
+@click.option("--shards", envvar="EOGUARD_SHARDS", default=None, show_envvar=True,
+              type=click.IntRange(1, 16384),
+              help="Shard count of the key space [default: the one the prefix was first used "
+                   f"with, recorded in Redis; {DEFAULT_SHARDS} for a new prefix].")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of tables.")
 @click.version_option(package_name="eoguard", prog_name="eoguard")
 @click.pass_context
-def cli(ctx: click.Context, redis_url: str | None, prefix: str, shards: int, as_json: bool) -> None:
+def cli(ctx: click.Context, redis_url: str | None, prefix: str, shards: int | None,
+        as_json: bool) -> None:
     """Inspect and repair eoguard's Redis state; run the local stack and the demo."""
     obj = CliContext(redis_url=redis_url or default_redis_url(), prefix=prefix, shards=shards,
                      as_json=as_json, redis_url_explicit=redis_url is not None and

@@ -22,7 +22,8 @@ import redis
 
 from eoguard.errors import ConfigError, EoguardError, StoreUnavailableError
 from eoguard.redaction import redact_url
-from eoguard.store.keys import KeySpace
+from eoguard.store.keys import DEFAULT_SHARDS, KeySpace
+from eoguard.store.layout import recorded_shards
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -78,14 +79,14 @@ class CliContext:
 
     redis_url: str
     prefix: str
-    shards: int
+    shards: int | None  # None: the prefix's recorded layout, read on connect
     as_json: bool
     redis_url_explicit: bool = False  # given on the command line (not the default)
     _client: redis.Redis[bytes] | None = field(default=None, repr=False)
 
     @property
     def keys(self) -> KeySpace:
-        return KeySpace(prefix=self.prefix, shards=self.shards)
+        return KeySpace(prefix=self.prefix, shards=self.shards or DEFAULT_SHARDS)
 
     def client(self) -> redis.Redis[bytes]:
         """A connected client (pinged once, so an unreachable Redis fails here, cleanly)."""
@@ -98,6 +99,12 @@ class CliContext:
                     # redis-py's message may quote part of the password: not shown.
                     f"bad Redis URL {redact_url(self.redis_url)!r} ({type(exc).__name__})") from None
             client.ping()
+            recorded = recorded_shards(client, self.prefix)
+            if self.shards is None:
+                self.shards = recorded
+            elif recorded is not None and recorded != self.shards:
+                raise BadInputError(f"key prefix {self.prefix!r} is laid out in {recorded} shards, "
+                                    f"not {self.shards}; drop --shards or pass --shards {recorded}")
             self._client = client
         return self._client
 

@@ -46,6 +46,7 @@ from eoguard.guard.messages import (
 from eoguard.guard.outbox_queue import LogQueue
 from eoguard.guard.recovery import Recovery, RecoveryReport
 from eoguard.kafka.producer import KafkaProducer
+from eoguard.store.layout import check_layout
 from eoguard.store.liveness import Liveness
 from eoguard.store.outbox import Outbox
 from eoguard.store.scripts import Scripts
@@ -97,6 +98,7 @@ class GuardedProducer:
                                       liveness=self._liveness, recovery=self._recovery,
                                       dispatcher=self._dispatcher, reports=reports)
         try:
+            check_layout(self._redis, config.keyspace)
             # Register before writing any record: a recovering producer treats records of an
             # owner it does not see live (and older than its read) as abandoned.
             beat = self._liveness.heartbeat(self.instance_id, int(config.lease_s * 1000))

@@ -10,6 +10,7 @@ hash slot and the same code runs on Redis Cluster:
                                            slot of the dedup keys of <shard> (Cluster-safe)
     {prefix}:live:{producers}              live producer leases (sorted set: instance -> deadline)
     {prefix}:live:{consumers}              live consumer leases (sorted set: instance -> deadline)
+    {prefix}:meta:{layout}                 the shard count the prefix was first used with (hash)
 
 A message's shard is a stable hash of its id, so its outbox record and its index entry share
 a slot, and one scope's dedup keys spread over ``shards`` slots.
@@ -62,6 +63,11 @@ class KeySpace:
     def dedup(self, scope: str, message_id: str) -> str:
         return f"{self.prefix}:dd:{{{scope}/{self.shard_of(message_id)}}}:{message_id}"
 
+    def dedup_prefixes(self, scope: str) -> tuple[str, ...]:
+        """Per shard, a dedup key of ``scope`` without its message id: ``dedup(scope, id)`` is
+        ``prefixes[shard_of(id)] + id`` (how the consumer builds a batch's keys: hot path)."""
+        return tuple(f"{self.prefix}:dd:{{{scope}/{shard}}}:" for shard in range(self.shards))
+
     def dedup_pattern(self, scope: str | None = None) -> str:
         """SCAN pattern for the dedup keys of one scope, or of every scope."""
         return f"{self.prefix}:dd:{{{scope}/*" if scope else f"{self.prefix}:dd:*"
@@ -77,6 +83,10 @@ class KeySpace:
     def effect_pattern(self, scope: str, name: str = "*") -> str:
         """SCAN pattern for the effect keys called ``name`` of one scope, over every shard."""
         return f"{self.prefix}:fx:{{{scope}/*}}:{name}"
+
+    def layout(self) -> str:
+        """The hash recording this prefix's shard count (see :mod:`eoguard.store.layout`)."""
+        return f"{self.prefix}:meta:{{layout}}"
 
     # Liveness -------------------------------------------------------------
     def live_producers(self) -> str:

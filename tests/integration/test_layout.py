@@ -1,0 +1,35 @@
+"""The shard count is recorded per prefix; a process configured otherwise is refused."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from eoguard.cli import cli
+from eoguard.errors import ConfigError
+from eoguard.store.keys import KeySpace
+from eoguard.store.layout import check_layout, recorded_shards
+
+pytestmark = pytest.mark.integration
+
+
+def test_first_use_records_and_a_mismatch_is_refused(redis_client, key_prefix: str) -> None:
+    assert recorded_shards(redis_client, key_prefix) is None
+    check_layout(redis_client, KeySpace(prefix=key_prefix, shards=8))
+    check_layout(redis_client, KeySpace(prefix=key_prefix, shards=8))  # same layout: fine
+    assert recorded_shards(redis_client, key_prefix) == 8
+    with pytest.raises(ConfigError, match="laid out in 8 shards"):
+        check_layout(redis_client, KeySpace(prefix=key_prefix, shards=16))
+
+
+def test_the_cli_adopts_the_recorded_layout_and_refuses_another(redis_client, redis_url: str,
+                                                                 key_prefix: str) -> None:
+    check_layout(redis_client, KeySpace(prefix=key_prefix, shards=4))
+    runner = CliRunner()
+    ok = runner.invoke(cli, ["--redis-url", redis_url, "--prefix", key_prefix, "--json", "status"])
+    assert ok.exit_code == 0, ok.output
+    bad = runner.invoke(cli, ["--redis-url", redis_url, "--prefix", key_prefix, "--shards", "16",
+                               "status"])
+    assert bad.exit_code == 2
+    assert "laid out in 4 shards" in bad.output
+    assert "Traceback" not in bad.output
