@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
-prometheus_client = pytest.importorskip("prometheus_client", reason="prometheus-client (eoguard[metrics])")
-from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
-
-import eoguard.metrics  # noqa: E402
-from eoguard.config import ConsumerConfig, ProducerConfig, RedisConfig  # noqa: E402
-from eoguard.guard.consumer import GuardedConsumer  # noqa: E402
-from eoguard.guard.producer import GuardedProducer  # noqa: E402
-from eoguard.metrics import (  # noqa: E402
+import eoguard.metrics
+from eoguard.config import ConsumerConfig, ProducerConfig, RedisConfig
+from eoguard.guard.consumer import GuardedConsumer
+from eoguard.guard.producer import GuardedProducer
+from eoguard.metrics import (
     CONSUMER_METRICS,
     PRODUCER_METRICS,
     register_consumer,
     register_outbox,
     register_producer,
 )
-from eoguard.store.keys import KeySpace  # noqa: E402
+from eoguard.store.keys import KeySpace
 
 pytestmark = pytest.mark.integration
 
