@@ -9,17 +9,23 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from eoguard.stack import Endpoints, LocalStack
+from eoguard.errors import StackError
+from eoguard.stack import Endpoints, LocalStack, spark_jars
 from eoguard.stack.kafka_broker import KafkaBroker, broker_answers
 from eoguard.stack.redis_server import RedisServer
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -123,3 +129,41 @@ def private_kafka(tmp_path: Path) -> Iterator[KafkaBroker]:
     broker.start()
     yield broker
     broker.stop()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """One local SparkSession (local[2], 2 shuffle partitions) with the connector jars.
+
+    Jars come from ``eoguard.stack.spark_jars()`` through ``spark.jars`` (nothing is downloaded
+    at start). Python workers run this interpreter (they import eoguard, connectors, pyarrow).
+    Fails, never skips, when pyspark or the jars are missing.
+    """
+    try:
+        from pyspark.sql import SparkSession  # noqa: PLC0415 - only Spark tests need it
+    except ImportError as exc:  # pragma: no cover - the [spark] extra is part of `make test`
+        pytest.fail(f"pyspark is not installed ({exc}); install eoguard[spark]", pytrace=False)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    try:
+        jars = spark_jars()
+    except StackError as exc:
+        pytest.fail(f"the Spark connector jars are missing: {exc}", pytrace=False)
+    missing = [jar for jar in jars.split(",") if not os.path.isfile(jar)]
+    if not jars or missing:
+        pytest.fail(f"the Spark connector jars are missing: {missing or 'none resolved'}",
+                    pytrace=False)
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("eoguard-spark-tests")
+        .config("spark.jars", jars)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("WARN")
+    yield session
+    session.stop()

@@ -163,7 +163,7 @@ def dead_letters(bootstrap: str, dead_letter_topic: str, source_topic: str
 
 def spark_output(path: Path) -> Counter[str]:
     """Rows per message id in the Spark job's Parquet output (pyarrow, no JVM)."""
-    import pyarrow.dataset as ds  # type: ignore[import-untyped]  # noqa: PLC0415 - only with --spark
+    import pyarrow.dataset as ds  # noqa: PLC0415 - only with --spark
 
     if not path.exists():
         return Counter()

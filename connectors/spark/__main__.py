@@ -1,0 +1,128 @@
+"""``python -m connectors.spark`` / ``spark-submit connectors/spark/__main__.py``: run the job.
+
+Options are documented in connectors/spark/README.md and by ``--help``. Under
+``spark-submit`` the session comes from spark-submit (pass the jars with ``--jars``, e.g.
+``$(python -m eoguard.stack jars)``); under ``python -m`` a local session is built with
+``--master`` and the connector jars in ``spark.jars``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+
+from connectors.spark.options import DedupMode, JobOptions
+from eoguard.errors import ConfigError
+from eoguard.store.keys import DEFAULT_PREFIX, DEFAULT_SHARDS
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m connectors.spark",
+        description="eoguard's Spark Structured Streaming job: Kafka -> decoded envelopes -> "
+                    "expiry -> dedup (a consumer scope's Redis keys, or Spark's watermark) -> "
+                    "idempotent per-batch Parquet.")
+    add = p.add_argument
+    add("--bootstrap", required=True, help="Kafka bootstrap servers")
+    add("--topic", dest="topics", action="append", required=True,
+        help="topic to read (repeat for several)")
+    add("--scope", required=True, help="consumer scope to join (dedup namespace)")
+    add("--checkpoint", required=True, help="durable checkpoint directory of this query")
+    add("--output", dest="output_path", required=True,
+        help="Parquet output directory (one batch_id=N directory per micro-batch)")
+    add("--dead-letter", dest="dead_letter_path",
+        help="Parquet directory for malformed (and expired) records, with the reason")
+    add("--redis-url", default="redis://127.0.0.1:6379/0", help="Redis holding the dedup keys")
+    add("--key-prefix", default=DEFAULT_PREFIX, help="Redis key prefix (as the scope's consumers)")
+    add("--key-shards", type=int, default=DEFAULT_SHARDS, help="dedup shards per scope")
+    add("--dedup", choices=[m.value for m in DedupMode], default=DedupMode.REDIS.value,
+        help="redis: the scope's claims (default); watermark: dropDuplicatesWithinWatermark; "
+             "none: no dedup")
+    add("--payload-schema", help="decode payloads with this schema (full name) into columns")
+    add("--schema-dir", help="directory of .avsc schemas (default: eoguard's)")
+    add("--starting-offsets", default="earliest", help="earliest, latest or a JSON offset map")
+    add("--max-offsets-per-trigger", type=int, help="cap on records per micro-batch")
+    trigger = p.add_mutually_exclusive_group()
+    trigger.add_argument("--trigger", dest="trigger_interval",
+                         help="processing-time trigger interval, e.g. '10 seconds'")
+    trigger.add_argument("--available-now", action="store_true",
+                         help="process everything available, then stop")
+    add("--watermark-delay", default="10 minutes", help="watermark delay on created_at")
+    add("--lease-s", type=float, default=300.0, help="claim lease; must outlast a batch")
+    add("--grace-s", type=float, default=300.0, help="dedup keys live until expires_at + grace")
+    add("--busy-wait-s", type=float, default=30.0,
+        help="how long a claim held by another live owner is waited on before it is skipped")
+    add("--claim-batch-size", type=int, default=500, help="ids per Redis round trip")
+    add("--no-dead-letter-expired", dest="dead_letter_expired", action="store_false",
+        help="count expired records only; do not write them to the dead letters")
+    add("--no-ack-outbox", dest="ack_outbox", action="store_false",
+        help="do not acknowledge the senders' outbox records when marking done")
+    add("--idempotent-sink", action="store_true",
+        help="allow spark.speculation=true: the sink tolerates two attempts of a task")
+    add("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
+        help="extra Kafka source option (e.g. kafka.security.protocol=SSL); repeatable")
+    add("--query-name", help="name of the streaming query")
+    add("--master", default="local[2]", help="Spark master when not under spark-submit")
+    add("--shuffle-partitions", type=int, default=4, help="spark.sql.shuffle.partitions")
+    return p
+
+
+def options_from(args: argparse.Namespace) -> JobOptions:
+    kafka: dict[str, str] = {}
+    for item in args.kafka_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--kafka-option {item!r}: expected KEY=VALUE")
+        kafka[key] = value
+    return JobOptions(
+        bootstrap=args.bootstrap, topics=tuple(args.topics), scope=args.scope,
+        checkpoint=args.checkpoint, output_path=args.output_path,
+        dead_letter_path=args.dead_letter_path, redis_url=args.redis_url,
+        key_prefix=args.key_prefix, key_shards=args.key_shards, dedup=DedupMode(args.dedup),
+        payload_schema=args.payload_schema, schema_dir=args.schema_dir,
+        starting_offsets=args.starting_offsets,
+        max_offsets_per_trigger=args.max_offsets_per_trigger,
+        trigger_interval=args.trigger_interval, available_now=args.available_now,
+        watermark_delay=args.watermark_delay, lease_s=args.lease_s, grace_s=args.grace_s,
+        busy_wait_s=args.busy_wait_s, claim_batch_size=args.claim_batch_size,
+        dead_letter_expired=args.dead_letter_expired, ack_outbox=args.ack_outbox,
+        idempotent_sink=args.idempotent_sink, kafka_options=kafka, query_name=args.query_name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        options = options_from(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    # pyspark is imported only now, so --help and option errors need no JVM.
+    from pyspark.sql import SparkSession  # noqa: PLC0415
+
+    from connectors.spark.job import BatchStats, build_query, local_session  # noqa: PLC0415
+
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):  # under spark-submit: its master, its jars
+        spark = SparkSession.builder.appName("eoguard-spark").getOrCreate()
+    else:
+        spark = local_session(master=args.master, shuffle_partitions=args.shuffle_partitions)
+
+    def report(stats: BatchStats) -> None:
+        print(json.dumps({"batch": asdict(stats)}), flush=True)
+
+    try:
+        query = build_query(spark, options, on_batch=report)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    query.awaitTermination()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

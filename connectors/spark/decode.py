@@ -1,0 +1,165 @@
+"""Envelope decoding as Spark Column expressions: no Python on the decode path.
+
+A Kafka record value is ``C3 01``, the 8-byte fingerprint of the envelope schema that wrote
+it, then the Avro body (DESIGN.md §3). Per row:
+
+  Step 1. Check the 2-byte marker and that the fingerprint names a known envelope version.
+  Step 2. Drop the 10-byte header and ``from_avro`` the body in PERMISSIVE mode with the
+          writer's version (an older version is resolved to the current one through the
+          ``avroSchema`` option), so a corrupt body becomes a dead letter, not a failed batch.
+  Step 3. Optionally decode the payload with its application schema into a struct column.
+  Step 4. Classify: ``malformed`` (with the reason), ``expired`` (``expires_at`` has passed at
+          the micro-batch's timestamp, the same on a replay), else ``ok``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
+from pyspark.sql.avro.functions import from_avro
+
+from eoguard.codec import ENVELOPE_SCHEMA, HEADER_SIZE, MAGIC, SchemaRegistry
+
+__all__ = ["DEAD_LETTER_COLUMNS", "OUTPUT_COLUMNS", "RowStatus", "decode"]
+
+
+class RowStatus(str, enum.Enum):
+    """What happened to a row; ``OK`` rows go on to dedup, which refines them."""
+
+    OK = "ok"
+    MALFORMED = "malformed"
+    EXPIRED = "expired"
+    NEW = "new"
+    MINE = "mine"
+    TAKEN_OVER = "taken_over"
+    DUPLICATE = "duplicate"
+    BUSY = "busy"
+
+    @classmethod
+    def to_output(cls) -> tuple[str, ...]:
+        """Statuses whose rows reach the sinks (``ok``: the modes without Redis claims)."""
+        return (cls.OK.value, cls.NEW.value, cls.MINE.value, cls.TAKEN_OVER.value)
+
+    @classmethod
+    def to_dead_letter(cls, *, expired: bool) -> tuple[str, ...]:
+        return (cls.MALFORMED.value, cls.EXPIRED.value) if expired else (cls.MALFORMED.value,)
+
+
+OUTPUT_COLUMNS = (
+    "id", "expires_at", "created_at", "producer", "attempt", "payload_schema", "payload",
+    "headers", "key", "topic", "partition", "offset", "kafka_timestamp",
+)
+"""Columns of the output rows (the Redis mode adds ``owner``, the claim's source position)."""
+
+DEAD_LETTER_COLUMNS = (
+    "topic", "partition", "offset", "kafka_timestamp", "key", "value", "id", "expires_at",
+    "status", "reason",
+)
+
+
+def _required_fields(schema: dict[str, Any]) -> list[str]:
+    """Top-level fields that cannot be null in Avro: a PERMISSIVE decode failure nulls them."""
+    out = []
+    for fld in schema.get("fields", []):
+        kind = fld["type"]
+        if not (isinstance(kind, list) and "null" in kind) and kind != "null":
+            out.append(fld["name"])
+    return out
+
+
+def _envelope(body: Column, fingerprint: Column, registry: SchemaRegistry) -> Column:
+    """The envelope struct (current schema) of whichever known version wrote the body."""
+    current = registry.get(ENVELOPE_SCHEMA)
+    current_json = json.dumps(current.schema)
+    result: Any = F
+    for version in registry.versions(ENVELOPE_SCHEMA):
+        opts = {"mode": "PERMISSIVE"}
+        if version.fingerprint != current.fingerprint:
+            opts["avroSchema"] = current_json
+        parsed = from_avro(body, json.dumps(version.schema), opts)
+        result = result.when(fingerprint == F.lit(bytearray(version.fingerprint)), parsed)
+    envelope: Column = result
+    return envelope
+
+
+def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | None = None
+           ) -> DataFrame:
+    """Kafka source rows -> one row per record with the envelope's fields, ``status``, ``reason``.
+
+    ``payload`` is the application's record as a struct when ``payload_schema`` names one
+    (a record written with another schema is malformed here), else the raw payload bytes.
+    ``value`` (the raw record) is kept only on rows that are not ``ok``, for dead letters.
+    """
+    value = F.col("value")
+    magic = F.substring(value, 1, 2)
+    fingerprint = F.substring(value, 3, 8)
+    body = value.substr(F.lit(HEADER_SIZE + 1), F.length(value) - HEADER_SIZE)
+    known = [F.lit(bytearray(v.fingerprint)) for v in registry.versions(ENVELOPE_SCHEMA)]
+    # Steps 1 and 2. Later steps refer to the decoded struct by column, so from_avro runs once.
+    rows = raw.select(
+        "topic", "partition", "offset", "key", "value",
+        F.col("timestamp").alias("kafka_timestamp"),
+        magic.alias("_magic"), fingerprint.alias("_fingerprint"),
+        _envelope(body, fingerprint, registry).alias("_env"),
+    )
+    env, magic, fingerprint = F.col("_env"), F.col("_magic"), F.col("_fingerprint")
+    reason = (
+        F.when(value.isNull(), F.lit("bad magic: the record has no value"))
+        .when(F.length(value) < HEADER_SIZE,
+              F.format_string("bad magic: %d bytes, shorter than the %d-byte header",
+                              F.length(value), F.lit(HEADER_SIZE)))
+        .when(magic != F.lit(bytearray(MAGIC)),
+              F.concat(F.lit("bad magic: starts with "), F.lower(F.hex(magic)),
+                       F.lit(", expected c301")))
+        .when(~fingerprint.isin(*known),
+              F.concat(F.lit("unknown fingerprint "), F.lower(F.hex(fingerprint))))
+        .when(env.getField("id").isNull(),
+              F.lit(f"corrupt envelope: the body is not a valid {ENVELOPE_SCHEMA}"))
+    )
+    payload: Column = env.getField("payload")
+    if payload_schema is not None:  # Step 3.
+        app = registry.get(payload_schema)
+        rows = rows.withColumn("_payload", from_avro(
+            env.getField("payload"), json.dumps(app.schema), {"mode": "PERMISSIVE"}))
+        payload = F.col("_payload")
+        declared = env.getField("payload_schema")
+        reason = reason.when(
+            declared.isNull() | (declared != F.lit(payload_schema)),
+            F.concat(F.lit("payload schema "), F.coalesce(declared, F.lit("null (raw bytes)")),
+                     F.lit(f" is not {payload_schema}")))
+        required = _required_fields(app.schema)
+        if required:
+            broken = F.lit(False)
+            for name in required:
+                broken = broken | payload.getField(name).isNull()
+            reason = reason.when(broken, F.lit(f"corrupt payload: not a valid {payload_schema}"))
+    expires_at = env.getField("expires_at")
+    rows = rows.withColumn("reason", reason).withColumn(
+        "status",  # Step 4.
+        F.when(F.col("reason").isNotNull(), F.lit(RowStatus.MALFORMED.value))
+        .when(expires_at <= F.current_timestamp(), F.lit(RowStatus.EXPIRED.value))
+        .otherwise(F.lit(RowStatus.OK.value)),
+    )
+    status = F.col("status")
+    expired_reason = F.concat(F.lit("expired at "),
+                              F.date_format(expires_at, "yyyy-MM-dd'T'HH:mm:ss.SSSXXX"))
+    return rows.select(
+        env.getField("id").alias("id"),
+        expires_at.alias("expires_at"),
+        F.unix_millis(expires_at).alias("expires_at_ms"),
+        env.getField("created_at").alias("created_at"),
+        env.getField("producer").alias("producer"),
+        env.getField("attempt").alias("attempt"),
+        env.getField("payload_schema").alias("payload_schema"),
+        F.when(status != RowStatus.MALFORMED.value, payload).alias("payload"),
+        env.getField("headers").alias("headers"),
+        "key", "topic", "partition", "offset", "kafka_timestamp",
+        F.when(status != RowStatus.OK.value, value).alias("value"),
+        "status",
+        F.when(status == RowStatus.EXPIRED.value, expired_reason)
+        .otherwise(F.col("reason")).alias("reason"),
+    )

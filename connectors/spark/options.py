@@ -1,0 +1,116 @@
+"""Options of the Spark job: one frozen, keyword-only dataclass, checked at construction."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from eoguard.errors import ConfigError
+from eoguard.store.keys import DEFAULT_PREFIX, DEFAULT_SHARDS, KeySpace
+
+__all__ = ["DedupMode", "JobOptions"]
+
+
+class DedupMode(str, enum.Enum):
+    """How the job drops duplicates (connectors/spark/README.md compares them)."""
+
+    REDIS = "redis"
+    """Claims on the scope's Redis dedup keys: shared with GuardedConsumers, survives restarts."""
+    WATERMARK = "watermark"
+    """Spark's ``dropDuplicatesWithinWatermark``: this query's rows only, within the watermark."""
+    NONE = "none"
+    """No dedup at all (decode, expiry and dead letters only); a baseline for benchmarks."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobOptions:
+    """Everything the job needs. Durations carry their unit; Spark intervals are strings.
+
+    ``output_path`` is the idempotent Parquet sink (one ``batch_id=N`` directory per
+    micro-batch); a ``foreach_batch`` hook given to :func:`connectors.spark.job.build_query`
+    may replace or complement it. ``lease_s`` must outlast a micro-batch from claim to done
+    mark, or a GuardedConsumer of the scope may take a claim over and handle the message too.
+    """
+
+    bootstrap: str
+    topics: tuple[str, ...]
+    scope: str
+    checkpoint: str
+    output_path: str | None = None
+    dead_letter_path: str | None = None
+    redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)
+    key_prefix: str = DEFAULT_PREFIX
+    key_shards: int = DEFAULT_SHARDS
+    dedup: DedupMode = DedupMode.REDIS
+    payload_schema: str | None = None
+    schema_dir: str | None = None
+    starting_offsets: str = "earliest"
+    max_offsets_per_trigger: int | None = None
+    trigger_interval: str | None = None
+    available_now: bool = False
+    watermark_delay: str = "10 minutes"
+    lease_s: float = 300.0
+    grace_s: float = 300.0
+    busy_wait_s: float = 30.0
+    claim_batch_size: int = 500
+    dead_letter_expired: bool = True
+    ack_outbox: bool = True
+    idempotent_sink: bool = False
+    kafka_options: Mapping[str, str] = field(default_factory=dict, repr=False)
+    query_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap:
+            raise ConfigError("bootstrap (Kafka bootstrap servers) must be given")
+        if isinstance(self.topics, str) or not self.topics or not all(self.topics):
+            raise ConfigError("topics must be a non-empty sequence of topic names")
+        object.__setattr__(self, "topics", tuple(self.topics))
+        if not self.scope or any(c in self.scope for c in "|{}"):
+            raise ConfigError(f"scope {self.scope!r} must be non-empty, without '|', '{{', '}}'")
+        if not self.checkpoint:
+            raise ConfigError("checkpoint (a durable directory per query) must be given")
+        object.__setattr__(self, "dedup", DedupMode(self.dedup))
+        self.keyspace()  # validates prefix and shards
+        for name in ("lease_s", "grace_s", "busy_wait_s", "claim_batch_size"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.max_offsets_per_trigger is not None and self.max_offsets_per_trigger <= 0:
+            raise ConfigError("max_offsets_per_trigger must be > 0 when given")
+        if self.available_now and self.trigger_interval:
+            raise ConfigError("give either available_now or trigger_interval, not both")
+        if self.output_path is not None and self.output_path == self.dead_letter_path:
+            raise ConfigError("output_path and dead_letter_path must differ")
+        object.__setattr__(self, "kafka_options", dict(self.kafka_options))
+        for key in self.kafka_options:
+            if key in ("subscribe", "subscribePattern", "assign"):
+                raise ConfigError(f"kafka option {key!r}: name the topics with topics=")
+
+    def keyspace(self) -> KeySpace:
+        """The Redis key space the scope's GuardedConsumers use too."""
+        return KeySpace(prefix=self.key_prefix, shards=self.key_shards)
+
+    def source_options(self) -> dict[str, str]:
+        """Options of Spark's Kafka source: the user's, then what the job's guarantees need.
+
+        ``failOnDataLoss=true`` (an offset that vanished is an error, not a silent skip) and
+        ``kafka.isolation.level=read_committed`` (aborted transactions never reach a handler)
+        are defaults the user may override through ``kafka_options``.
+        """
+        out: dict[str, str] = {
+            "failOnDataLoss": "true",
+            "kafka.isolation.level": "read_committed",
+            "startingOffsets": self.starting_offsets,
+        }
+        if self.max_offsets_per_trigger is not None:
+            out["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
+        out.update(self.kafka_options)
+        out["kafka.bootstrap.servers"] = self.bootstrap
+        out["subscribe"] = ",".join(self.topics)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        """The options without secrets (Redis URL password, Kafka options), for logs."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__
+                if name not in ("redis_url", "kafka_options")}

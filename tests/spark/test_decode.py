@@ -1,0 +1,128 @@
+"""Envelope decoding as Spark Columns: marker, fingerprint, from_avro PERMISSIVE, versions,
+payload schemas, expiry; and the owner token Spark builds matches eoguard's."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastavro import parse_schema, schemaless_writer
+from pyspark.sql import DataFrame, SparkSession
+
+from connectors.spark.decode import RowStatus, decode
+from connectors.spark.dedup import owner_column
+from eoguard.codec import MAGIC, EnvelopeCodec, PayloadCodec, SchemaRegistry, fingerprint_of
+from eoguard.envelope import Envelope, now_ms
+from eoguard.store.dedup import owner_token
+
+pytestmark = pytest.mark.spark
+
+ORDER = "eoguard.example.Order"
+V0 = Path(__file__).resolve().parents[1] / "data" / "envelope_v0.avsc"
+RAW_SCHEMA = ("key binary, value binary, topic string, partition int, offset long, "
+              "timestamp timestamp, timestampType int")
+
+
+def kafka_rows(spark: SparkSession, values: list[bytes | None]) -> DataFrame:
+    """A frame shaped like Spark's Kafka source, one row per value (offsets 0..n-1)."""
+    now = dt.datetime.now(dt.timezone.utc)
+    return spark.createDataFrame(
+        [(b"k", v, "orders", 3, i, now, 0) for i, v in enumerate(values)], RAW_SCHEMA)
+
+
+def envelope(payload: bytes, *, ttl_ms: int = 600_000, schema: str | None = None) -> Envelope:
+    return Envelope.create(payload, ttl_ms=ttl_ms, producer="decode-test", payload_schema=schema,
+                           headers={"trace": "t-1"})
+
+
+def order() -> dict[str, Any]:
+    return {"order_id": "o-1", "customer": "c-9", "amount": Decimal("12.34"), "currency": "CHF",
+            "items": [{"sku": "s", "qty": 2, "unit_price": 1.5}],
+            "created_at": dt.datetime(2024, 5, 1, tzinfo=dt.timezone.utc), "express": True,
+            "attributes": {"channel": "web"}, "note": None}
+
+
+def by_offset(df: DataFrame) -> dict[int, Any]:
+    return {row["offset"]: row for row in df.collect()}
+
+
+def test_envelopes_decode_and_bad_records_get_a_reason(spark: SparkSession) -> None:
+    codec = EnvelopeCodec()
+    good = envelope(b"hello")
+    value = codec.encode(good)
+    expired = envelope(b"late", ttl_ms=-1_000)
+    unknown_fp = MAGIC + b"\x01" * 8 + value[10:]
+    rows = by_offset(decode(kafka_rows(spark, [
+        value, codec.encode(expired), b"\x00\x01" + value[2:], value[:6], unknown_fp,
+        value[:25], None,
+    ]), SchemaRegistry.default()))
+
+    ok = rows[0]
+    assert ok["status"] == RowStatus.OK.value
+    assert ok["reason"] is None
+    assert ok["value"] is None
+    assert ok["id"] == good.id
+    assert ok["expires_at_ms"] == good.expires_at_ms
+    assert bytes(ok["payload"]) == b"hello"
+    assert ok["headers"] == {"trace": "t-1"}
+    assert (ok["producer"], ok["attempt"], ok["topic"], ok["partition"]) == (
+        "decode-test", 1, "orders", 3)
+
+    assert rows[1]["status"] == RowStatus.EXPIRED.value
+    assert rows[1]["reason"].startswith("expired at ")
+    reasons = {i: rows[i]["reason"] for i in range(2, 7)}
+    assert all(rows[i]["status"] == RowStatus.MALFORMED.value for i in range(2, 7))
+    assert reasons[2] == "bad magic: starts with 0001, expected c301"
+    assert reasons[3] == "bad magic: 6 bytes, shorter than the 10-byte header"
+    assert reasons[4] == "unknown fingerprint " + "01" * 8
+    assert reasons[5].startswith("corrupt envelope")
+    assert reasons[6] == "bad magic: the record has no value"
+    assert bytes(rows[5]["value"]) == value[:25]  # the raw record is kept for dead letters
+
+
+def test_older_envelope_version_is_resolved_to_the_current_one(spark: SparkSession) -> None:
+    registry = SchemaRegistry.default()
+    v0_schema = json.loads(V0.read_text())
+    registry.register(v0_schema, current=False)
+    body = io.BytesIO()
+    expires = now_ms() + 600_000
+    schemaless_writer(body, parse_schema(v0_schema), {
+        "id": "01890a5d-ac96-774b-bcce-b302099a8057", "expires_at": expires,
+        "created_at": expires - 1000, "producer": "old", "attempt": 2, "payload_schema": None,
+        "payload": b"v0"})
+    value = MAGIC + fingerprint_of(v0_schema) + body.getvalue()
+    row = decode(kafka_rows(spark, [value]), registry).collect()[0]
+    assert row["status"] == RowStatus.OK.value, row["reason"]
+    assert (row["id"], row["attempt"], bytes(row["payload"])) == (
+        "01890a5d-ac96-774b-bcce-b302099a8057", 2, b"v0")
+    assert row["headers"] == {}  # the field's default
+
+
+def test_payload_decodes_into_columns_with_its_schema(spark: SparkSession) -> None:
+    codec, payloads = EnvelopeCodec(), PayloadCodec()
+    good = envelope(payloads.encode(order(), ORDER), schema=ORDER)
+    raw = envelope(b"not an order")
+    corrupt = envelope(b"\x02", schema=ORDER)
+    rows = by_offset(decode(kafka_rows(spark, [codec.encode(e) for e in (good, raw, corrupt)]),
+                            SchemaRegistry.default(), payload_schema=ORDER))
+    assert rows[0]["status"] == RowStatus.OK.value, rows[0]["reason"]
+    pay = rows[0]["payload"]
+    assert (pay["order_id"], pay["amount"], pay["currency"], pay["express"]) == (
+        "o-1", Decimal("12.34"), "CHF", True)
+    assert pay["items"][0]["qty"] == 2
+    assert pay["attributes"] == {"channel": "web"}
+    assert rows[1]["status"] == RowStatus.MALFORMED.value
+    assert rows[1]["reason"] == f"payload schema null (raw bytes) is not {ORDER}"
+    assert rows[2]["status"] == RowStatus.MALFORMED.value
+    assert rows[2]["reason"] == f"corrupt payload: not a valid {ORDER}"
+
+
+def test_owner_column_spells_eoguards_owner_token(spark: SparkSession) -> None:
+    df = kafka_rows(spark, [b"a", b"b"]).select(owner_column("billing").alias("owner"), "offset")
+    assert {r["owner"] for r in df.collect()} == {
+        owner_token("billing", "orders", 3, 0), owner_token("billing", "orders", 3, 1)}

@@ -1,0 +1,71 @@
+"""Job options and the command line: checked at construction, Kafka source defaults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from connectors.spark import DedupMode, JobOptions
+from connectors.spark.__main__ import options_from, parser
+from eoguard.errors import ConfigError
+
+
+def options(**overrides: Any) -> JobOptions:
+    values: dict[str, Any] = {"bootstrap": "k:9092", "topics": ("t",), "scope": "app",
+                              "checkpoint": "/tmp/cp", "output_path": "/tmp/out"}
+    values.update(overrides)
+    return JobOptions(**values)
+
+
+def test_invalid_options_are_refused_at_construction() -> None:
+    with pytest.raises(ConfigError, match="scope"):
+        options(scope="a|b")
+    with pytest.raises(ConfigError, match="not both"):
+        options(available_now=True, trigger_interval="5 seconds")
+    with pytest.raises(ConfigError, match="subscribe"):
+        options(kafka_options={"subscribe": "other"})
+    with pytest.raises(ConfigError, match="topics"):
+        options(topics="t")
+    with pytest.raises(ConfigError, match="lease_s"):
+        options(lease_s=0)
+    with pytest.raises(ConfigError, match="differ"):
+        options(dead_letter_path="/tmp/out")
+
+
+def test_kafka_source_defaults_guard_against_loss_and_aborted_writes() -> None:
+    source = options(topics=("a", "b"), max_offsets_per_trigger=7).source_options()
+    assert source["subscribe"] == "a,b"
+    assert source["failOnDataLoss"] == "true"
+    assert source["kafka.isolation.level"] == "read_committed"
+    assert source["maxOffsetsPerTrigger"] == "7"
+    assert source["startingOffsets"] == "earliest"
+    relaxed = options(kafka_options={"failOnDataLoss": "false"}).source_options()
+    assert relaxed["failOnDataLoss"] == "false"
+
+
+def test_secrets_stay_out_of_repr_and_logs() -> None:
+    opts = options(redis_url="redis://:s3cret@host:6379/0",
+                   kafka_options={"kafka.sasl.jaas.config": "password=s3cret"})
+    assert "s3cret" not in repr(opts)
+    assert "s3cret" not in str(opts.describe())
+
+
+def test_command_line_maps_to_options() -> None:
+    args = parser().parse_args([
+        "--bootstrap", "k:9092", "--topic", "a", "--topic", "b", "--scope", "billing",
+        "--checkpoint", "/c", "--output", "/o", "--dedup", "watermark", "--available-now",
+        "--max-offsets-per-trigger", "100", "--kafka-option", "kafka.security.protocol=SSL",
+        "--no-ack-outbox", "--idempotent-sink"])
+    opts = options_from(args)
+    assert opts.topics == ("a", "b")
+    assert opts.dedup is DedupMode.WATERMARK
+    assert opts.available_now
+    assert opts.max_offsets_per_trigger == 100
+    assert opts.kafka_options == {"kafka.security.protocol": "SSL"}
+    assert not opts.ack_outbox
+    assert opts.idempotent_sink
+    bad = parser().parse_args(["--bootstrap", "k", "--topic", "a", "--scope", "s",
+                               "--checkpoint", "/c", "--output", "/o", "--kafka-option", "oops"])
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        options_from(bad)
