@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import redis
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
@@ -35,6 +36,7 @@ from connectors.spark.sink import BatchLedger, ParquetBatchSink, query_id_of
 from eoguard.codec import SchemaRegistry
 from eoguard.errors import ConfigError
 from eoguard.stack import spark_jars
+from eoguard.store.layout import check_layout
 
 __all__ = ["BatchProcessor", "BatchStats", "build_query", "local_session", "run"]
 
@@ -209,6 +211,15 @@ def _check_speculation(spark: SparkSession, options: JobOptions) -> None:
             "(--idempotent-sink); the Parquet sink is.")
 
 
+def _check_layout(options: JobOptions) -> None:
+    """The scope's key layout must match the consumers' (see eoguard.store.layout)."""
+    client = redis.Redis.from_url(options.redis_url)
+    try:
+        check_layout(client, options.keyspace())
+    finally:
+        client.close()
+
+
 def build_query(spark: SparkSession, options: JobOptions, *,
                 foreach_batch: ForeachBatch | None = None, transform: Transform | None = None,
                 on_batch: Callable[[BatchStats], None] | None = None) -> StreamingQuery:
@@ -223,6 +234,8 @@ def build_query(spark: SparkSession, options: JobOptions, *,
     if options.output_path is None and foreach_batch is None:
         raise ConfigError("the job needs a sink: output_path and/or a foreach_batch hook")
     _check_speculation(spark, options)
+    if options.dedup is DedupMode.REDIS:
+        _check_layout(options)
     if options.dead_letter_path is None:
         log.warning("no dead_letter_path: malformed%s records are only counted",
                     " and expired" if options.dead_letter_expired else "")
