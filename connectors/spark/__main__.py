@@ -2,7 +2,7 @@
 
 Options are documented in connectors/spark/README.md and by ``--help``. Under
 ``spark-submit`` the session comes from spark-submit (pass the jars with ``--jars``, e.g.
-``$(python -m eoguard.stack jars)``); under ``python -m`` a local session is built with
+``$(python -c 'from eoguard.stack import spark_jars; print(spark_jars())')``); under ``python -m`` a local session is built with
 ``--master`` and the connector jars in ``spark.jars``.
 """
 
