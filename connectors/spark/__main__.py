@@ -1,8 +1,8 @@
 """``python -m connectors.spark`` / ``spark-submit connectors/spark/__main__.py``: run the job.
 
 Options are documented in connectors/spark/README.md and by ``--help``. Under
-``spark-submit`` the session comes from spark-submit (pass the jars with ``--jars``, e.g.
-``$(python -c 'from eoguard.stack import spark_jars; print(spark_jars())')``); under ``python -m`` a local session is built with
+``spark-submit`` the session comes from spark-submit (pass the jars with ``--jars``: the list
+is ``eoguard.stack.spark_jars()``, see the README); under ``python -m`` a local session is built with
 ``--master`` and the connector jars in ``spark.jars``.
 """
 
