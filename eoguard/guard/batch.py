@@ -1,30 +1,44 @@
-"""Steps 2-7 of the GuardedConsumer loop for one batch: decode, claim, handle, done, retry.
+"""Steps 2-7 of the GuardedConsumer loop: decode, claim, handle, done, retry.
 
-See :mod:`eoguard.guard.consumer` for the whole loop. Redis or Kafka failing here raises
-(StoreError, BrokerError, DeadLetterError) and the consumer rewinds the batch.
+A :class:`Batch` holds the records of one ``consume`` call: the unit whose offsets are stored
+and committed. :class:`BatchProcessor` takes batches through the steps and builds their Redis
+calls; :mod:`eoguard.guard.consumer` decides which round trip carries them (a batch's done
+marks travel with the next batch's claims). Redis or Kafka failing here raises (StoreError,
+BrokerError, DeadLetterError) and the consumer rewinds what it holds.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import zlib
 from dataclasses import dataclass
 
 from confluent_kafka import Message
 
-from eoguard.codec import EnvelopeCodec, PayloadCodec
 from eoguard.config import ConsumerConfig
 from eoguard.envelope import Envelope, now_ms
 from eoguard.errors import CodecError, ConsumerError
 from eoguard.guard.dead_letter import DeadLetterReason, DeadLetterRouter
-from eoguard.guard.handler import BatchHandler, ContextEnv, Handler, HandlerContext, Inbound
+from eoguard.guard.handler import (
+    BatchHandler,
+    ContextEnv,
+    Handler,
+    HandlerContext,
+    Inbound,
+    OutputRecord,
+)
+from eoguard.kafka.consumer import Partition
 from eoguard.kafka.sink import DeliverySink
-from eoguard.store.dedup import ClaimResult, DedupStore, DoneResult
+from eoguard.store.dedup import Claim, ClaimReport, ClaimResult, DedupStore, DoneReport, DoneResult
 from eoguard.store.outbox import Outbox
+from eoguard.store.scripts import Prepared
 
 log = logging.getLogger(__name__)
 
-_HANDLE = frozenset(r for r in ClaimResult if r.should_handle)
+_NEW, _MINE, _TAKEN_OVER = ClaimResult.NEW, ClaimResult.MINE, ClaimResult.TAKEN_OVER
+_BUSY, _DUPLICATE = ClaimResult.BUSY, ClaimResult.DONE
+_OK, _EFFECT_ERROR = DoneResult.OK, DoneResult.EFFECT_ERROR
 
 
 @dataclass(slots=True)
@@ -46,140 +60,240 @@ class ConsumerStats:
     commits: int = 0
 
 
+class Batch:
+    """The records of one ``consume`` call on their way from decoded to claimed to committed."""
+
+    __slots__ = ("busy", "busy_rounds", "busy_until", "ends", "items", "lease_left_ms", "msgs")
+
+    def __init__(self, msgs: list[Message], items: list[Inbound],
+                 ends: dict[Partition, int]) -> None:
+        self.msgs = msgs  # every record consumed, decoded or not: a rewind re-reads them all
+        self.items = items  # decoded, unexpired; once claimed: the ones this consumer handles
+        self.ends = ends  # per partition, the offset to commit: the last one consumed + 1
+        self.busy: list[Inbound] = []  # claimed by another owner whose lease is live
+        self.lease_left_ms: list[int] = []  # that lease, per busy item
+        self.busy_until = 0.0  # monotonic deadline of the busy waits
+        self.busy_rounds = 0
+
+    def claims(self) -> list[Claim]:
+        return [item.claim for item in self.items]
+
+    def extend(self, later: Batch) -> None:
+        """Append the records of a batch consumed after this one (neither claimed yet)."""
+        self.msgs += later.msgs
+        self.items += later.items
+        self.ends.update(later.ends)
+
+    def drop(self, partitions: set[Partition]) -> list[Inbound]:
+        """Forget the records of ``partitions`` (revoked or lost); returns the items dropped."""
+        if partitions.isdisjoint(self.ends):
+            return []
+        gone = [item for item in self.items if (item.topic, item.partition) in partitions]
+        self.items = [item for item in self.items if (item.topic, item.partition) not in partitions]
+        kept = [(item, ms) for item, ms in zip(self.busy, self.lease_left_ms, strict=True)
+                if (item.topic, item.partition) not in partitions]
+        self.busy, self.lease_left_ms = [item for item, _ in kept], [ms for _, ms in kept]
+        self.msgs = [m for m in self.msgs
+                     if (m.topic() or "", m.partition() or 0) not in partitions]
+        self.ends = {tp: end for tp, end in self.ends.items() if tp not in partitions}
+        return gone
+
+
 class BatchProcessor:
-    """Runs one batch through claim -> handler -> done, with retries, busy waits, dead letters."""
+    """Takes batches through decode -> claim -> handler -> done, with retries and dead letters."""
 
     def __init__(self, config: ConsumerConfig, *, dedup: DedupStore, outbox: Outbox | None,
                  sink: DeliverySink, dead: DeadLetterRouter, env: ContextEnv,
-                 handler: Handler | None, batch_handler: BatchHandler | None,
-                 codec: EnvelopeCodec, payloads: PayloadCodec) -> None:
+                 handler: Handler | None, batch_handler: BatchHandler | None) -> None:
         self.config = config
         self._dedup, self._outbox, self._sink, self._dead = dedup, outbox, sink, dead
-        self._env, self._codec, self._payloads = env, codec, payloads
+        self._env, self._codec, self._payloads = env, env.codec, env.payloads
         self._handler, self._batch_handler = handler, batch_handler
+        self._key_prefixes = dedup.keys.dedup_prefixes(config.scope)
         self.stats = ConsumerStats()
-        self.in_flight: list[Inbound] = []  # claimed or being claimed; released on revoke
 
-    def process(self, msgs: list[Message]) -> None:
-        """Steps 2-7 for one consumed batch; raises StoreError / BrokerError / DeadLetterError."""
-        pending = self._decode(msgs)
-        busy_until = time.monotonic() + self.config.busy_wait_s
-        while pending:
-            pending, wait_s = self._round(pending, busy_until)
-            if pending and wait_s > 0:
-                time.sleep(wait_s)
-
-    def _decode(self, msgs: list[Message]) -> list[Inbound]:
-        items, now, scope, new_claim = [], now_ms(), self.config.scope, self._dedup.new_claim
+    # Steps 2 and 3 ---------------------------------------------------------------------
+    def decode(self, msgs: list[Message]) -> Batch:
+        """Decode envelopes and payloads; dead-letter the malformed, drop the expired."""
+        items: list[Inbound] = []
+        ends: dict[Partition, int] = {}
+        now, scope, prefixes = now_ms(), self.config.scope, self._key_prefixes
+        shards, crc32 = len(prefixes), zlib.crc32  # KeySpace.shard_of, inlined: hot path
+        decode, payload_of, new_tuple = self._codec.decode, self._payloads.decode, tuple.__new__
         for msg in msgs:
+            topic, partition, offset = msg.topic() or "", msg.partition() or 0, msg.offset() or 0
+            ends[topic, partition] = offset + 1
             try:  # Step 2.
-                envelope = self._codec.decode(msg.value())
-                payload = self._payloads.decode_envelope(envelope)
+                envelope = decode(msg.value())
+                schema = envelope.payload_schema
+                payload = envelope.payload if schema is None else payload_of(envelope.payload,
+                                                                             schema)
             except CodecError as exc:
                 self._dead.route(msg, reason=DeadLetterReason.MALFORMED,
                                  error_type=type(exc).__name__, error=str(exc))
                 continue
-            if envelope.expires_at_ms <= now:  # Step 3. (Envelope.is_expired, inlined)
+            expires_at = envelope.expires_at_ms
+            if expires_at <= now:  # Step 3. (Envelope.is_expired, inlined)
                 self._expired(msg, envelope)
                 continue
-            topic, partition, offset = msg.topic() or "", msg.partition() or 0, msg.offset() or 0
-            owner = f"{scope}|{topic}|{partition}|{offset}"  # owner_token(), inlined: hot path
-            items.append(Inbound(msg, topic, partition, offset, envelope, payload,
-                                 new_claim(envelope.id, owner, envelope.expires_at_ms)))
-        return items
+            mid = envelope.id
+            shard = crc32(mid.encode()) % shards
+            owner = f"{scope}|{topic}|{partition}|{offset}"  # owner_token(), inlined
+            # Claim(...) without the NamedTuple's Python-level __new__: half the cost.
+            claim = new_tuple(Claim, (mid, owner, expires_at, shard, prefixes[shard] + mid))
+            items.append(Inbound(msg, envelope, payload, claim))
+        return Batch(msgs, items, ends)
 
-    def _round(self, pending: list[Inbound], busy_until: float) -> tuple[list[Inbound], float]:
-        """Steps 4-7 once; returns what goes back to Step 4 and how long to wait first."""
-        cfg = self.config
-        self.in_flight = pending
-        outcomes = self._dedup.claim([item.claim for item in pending])  # Step 4.
-        claimed, busy, lease_left_ms = [], [], []
-        for item, outcome in zip(pending, outcomes, strict=True):
-            if outcome.result in _HANDLE:
-                claimed.append(item)
-            elif outcome.result is ClaimResult.BUSY:
-                busy.append(item)
-                lease_left_ms.append(outcome.lease_ms)
-            elif outcome.result is ClaimResult.DONE:
+    # Step 4 ------------------------------------------------------------------------------
+    def sort(self, batch: Batch, report: ClaimReport) -> None:
+        """Keep in ``batch.items`` what this consumer now holds; set BUSY items aside."""
+        if not batch.busy_until:  # set at the first claim: retries do not extend it
+            batch.busy_until = time.monotonic() + self.config.busy_wait_s
+        results = report.results
+        if results.count(_NEW) == len(results):  # the common case: all ours
+            return
+        mine: list[Inbound] = []
+        for i, (item, result) in enumerate(zip(batch.items, results, strict=True)):
+            if result is _NEW or result is _MINE or result is _TAKEN_OVER:
+                mine.append(item)
+            elif result is _BUSY:
+                batch.busy.append(item)
+                batch.lease_left_ms.append(report.lease_ms[i])
+            elif result is _DUPLICATE:
                 self.stats.duplicates += 1
             else:
                 self._expired(item.msg, item.envelope)
-        failed = self._handle(claimed)  # Steps 5 and 6.
-        retry: list[Inbound] = []
-        waits: list[float] = []
-        if failed:  # Step 7.
-            self._dedup.release([item.claim for item in failed])
-            for item in failed:
-                if item.attempts > cfg.max_retries:
-                    self._give_up(item)
-                else:
-                    retry.append(item)
-                    self.stats.retries += 1
-            if retry:
-                first = min(item.attempts for item in retry)
-                waits.append(min(cfg.retry_backoff_s * 2 ** (first - 1), cfg.retry_backoff_max_s))
-        if busy and time.monotonic() >= busy_until:
-            self.stats.busy_skipped += len(busy)
-        elif busy:
-            self.stats.busy_waits += 1
-            retry += busy
-            # A duplicate of a message handled in this very batch is DONE at once: no wait.
-            lease_s = 0.0 if claimed else min(lease_left_ms) / 1000 + 0.01
-            waits.append(min(lease_s, max(0.0, busy_until - time.monotonic())))
-        return retry, min(waits, default=0.0)
+        batch.items = mine
 
-    def _handle(self, items: list[Inbound]) -> list[Inbound]:
-        """Run the handler, produce outputs, mark done; returns the items that failed."""
+    # Steps 5 and 6 -----------------------------------------------------------------------
+    def handle(self, items: list[Inbound]) -> tuple[list[Inbound], list[Inbound]]:
+        """Run the handler and produce its outputs (acks=all); returns (succeeded, failed).
+
+        A context lives for one handler call: what it queued (effects, outputs) is taken
+        off it at once, so nothing per message but the :class:`Inbound` outlives the call
+        (fewer objects for the cyclic GC to walk: a few microseconds per message).
+        """
         if not items:
-            return []
-        contexts = [self._context(item) for item in items]
-        self._call_handler(items, contexts)
-        ok = [(item, ctx) for item, ctx in zip(items, contexts, strict=True) if item.error is None]
-        failed = [item for item in items if item.error is not None]
-        return failed + self._complete(ok) if ok else failed
-
-    def _call_handler(self, items: list[Inbound], contexts: list[HandlerContext]) -> None:
+            return [], []
+        outputs: list[OutputRecord] = []
         if self._handler is not None:
-            for item, ctx in zip(items, contexts, strict=True):
+            env, handler = self._env, self._handler
+            for item in items:
+                item.attempts += 1
+                ctx = HandlerContext(item, item.attempts, env)
                 try:
-                    self._handler(ctx)
+                    handler(ctx)
                 except Exception as exc:  # noqa: BLE001 - any handler error is a failure
                     item.error = exc
-            return
-        assert self._batch_handler is not None
-        try:
-            errors = self._batch_handler(contexts) or {}
-        except Exception as exc:  # noqa: BLE001 - any handler error fails the whole batch
-            errors = {item.envelope.id: exc for item in items}
-        for item in items:
-            item.error = errors.get(item.envelope.id)
-
-    def _complete(self, ok: list[tuple[Inbound, HandlerContext]]) -> list[Inbound]:
-        """Step 6: outputs, then done + effects + outbox ack; returns the refused items."""
-        outputs = [out for _, ctx in ok for out in ctx.outputs]
+                    continue
+                item.error = None
+                item.effects = ctx.effects
+                if ctx.outputs:
+                    outputs += ctx.outputs
+        else:
+            outputs = self._call_batch_handler(items)
         for out in outputs:
             self._sink.produce(out.topic, out.value, out.key)
         if outputs:
             self._sink.flush()
-        effects = {item.envelope.id: fx for item, ctx in ok if (fx := ctx.effects)}
-        ids = [item.envelope.id for item, _ in ok]
-        extra = self._outbox.ack_calls(ids) if self._outbox is not None else []
-        results = self._dedup.done([item.claim for item, _ in ok], effects, extra=extra)
-        failed = []
-        for (item, _), result in zip(ok, results, strict=True):
-            if result.result is DoneResult.OK:
+        failed = [item for item in items if item.error is not None]
+        return ([item for item in items if item.error is None] if failed else items), failed
+
+    def _call_batch_handler(self, items: list[Inbound]) -> list[OutputRecord]:
+        assert self._batch_handler is not None
+        contexts = []
+        for item in items:
+            item.attempts += 1
+            contexts.append(HandlerContext(item, item.attempts, self._env))
+        try:
+            errors = self._batch_handler(contexts) or {}
+        except Exception as exc:  # noqa: BLE001 - any handler error fails the whole batch
+            errors = {item.envelope.id: exc for item in items}
+        outputs: list[OutputRecord] = []
+        for item, ctx in zip(items, contexts, strict=True):
+            item.error = errors.get(item.envelope.id)
+            if item.error is None:
+                item.effects = ctx.effects
+                outputs += ctx.outputs
+        return outputs
+
+    def prepare_done(self, ok: list[Inbound]) -> Prepared[DoneReport]:
+        """Done marks with the handlers' Redis effects, and the senders' outbox acks."""
+        effects = {item.envelope.id: item.effects for item in ok if item.effects}
+        extra = self._outbox.ack_calls([item.envelope.id for item in ok]) \
+            if self._outbox is not None and ok else []
+        return self._dedup.prepare_done([item.claim for item in ok], effects, extra=extra)
+
+    def settle_done(self, ok: list[Inbound], report: DoneReport) -> list[Inbound]:
+        """Count what was marked done; returns the items whose effects were refused."""
+        results = report.results
+        if results.count(_OK) == len(results):  # the common case
+            self.stats.handled += len(ok)
+            return []
+        refused: list[Inbound] = []
+        for i, (item, result) in enumerate(zip(ok, results, strict=True)):
+            if result is _OK:
                 self.stats.handled += 1
-            elif result.result is DoneResult.EFFECT_ERROR:
-                item.error = ConsumerError(f"Redis effects refused: {result.detail}")
-                failed.append(item)
+            elif result is _EFFECT_ERROR:
+                item.error = ConsumerError(f"Redis effects refused: {report.details[i]}")
+                refused.append(item)
             else:
                 self.stats.fenced += 1
-        return failed
+        return refused
 
-    def _context(self, item: Inbound) -> HandlerContext:
-        item.attempts += 1
-        item.error = None
-        return HandlerContext(item, item.attempts, self._env)
+    # Step 7 ------------------------------------------------------------------------------
+    def plan(self, failed: list[Inbound], batch: Batch, *,
+             handled_any: bool) -> tuple[list[Inbound], float]:
+        """What goes back to Step 4 (failed claims already released) and the wait before it.
+
+        Past ``max_retries`` a failed message is dead-lettered. A BUSY one is claimed again
+        with a growing backoff (``retry_backoff_s`` doubling, capped by the other owner's
+        lease left): a live owner marks it done within its batch, a dead one's lease lapses
+        and it is taken over. Past ``busy_wait_s`` it is skipped (its record is uncommitted
+        where it is claimed, and handled or re-owned there).
+        """
+        cfg = self.config
+        retry: list[Inbound] = []
+        waits: list[float] = []
+        for item in failed:
+            if item.attempts > cfg.max_retries:
+                self._give_up(item)
+            else:
+                retry.append(item)
+                self.stats.retries += 1
+        if retry:
+            first = min(item.attempts for item in retry)
+            waits.append(min(cfg.retry_backoff_s * 2 ** (first - 1), cfg.retry_backoff_max_s))
+        busy, batch.busy = batch.busy, []
+        lease_left_ms, batch.lease_left_ms = batch.lease_left_ms, []
+        if busy and time.monotonic() >= batch.busy_until:
+            self.stats.busy_skipped += len(busy)
+        elif busy:
+            self.stats.busy_waits += 1
+            retry += busy
+            batch.busy_rounds += 1
+            backoff_s = min(cfg.retry_backoff_s * 2 ** (batch.busy_rounds - 1),
+                            cfg.retry_backoff_max_s, min(lease_left_ms) / 1000 + 0.01)
+            # A duplicate of a message handled in this very batch is DONE at once: no wait.
+            wait_s = 0.0 if handled_any else backoff_s
+            waits.append(min(wait_s, max(0.0, batch.busy_until - time.monotonic())))
+        return retry, min(waits, default=0.0)
+
+    def finish(self, batch: Batch, retry: list[Inbound], wait_s: float) -> None:
+        """Steps 4-7 again, one round trip each, until nothing of ``batch`` is left to retry."""
+        while retry:
+            if wait_s > 0:
+                time.sleep(wait_s)
+            batch.items = retry
+            [claimed] = self._dedup.run([self._dedup.prepare_claim(batch.claims())],
+                                        "claiming a batch")
+            self.sort(batch, claimed)
+            ok, failed = self.handle(batch.items)
+            [outcomes] = self._dedup.run([self.prepare_done(ok)], "marking a batch done")
+            failed += self.settle_done(ok, outcomes)
+            if failed:
+                self._dedup.release([item.claim for item in failed])
+            retry, wait_s = self.plan(failed, batch, handled_any=bool(ok))
 
     def _expired(self, msg: Message, envelope: Envelope) -> None:
         self.stats.expired += 1

@@ -126,17 +126,28 @@ class ContextEnv:
 
 @dataclass(slots=True)
 class Inbound:
-    """A decoded record on its way through the consumer, with its claim and attempts."""
+    """A decoded record on its way through the consumer: its claim, its attempts, and the
+    Redis effects of its last successful attempt (what its done mark applies)."""
 
     msg: Message
-    topic: str
-    partition: int
-    offset: int
     envelope: Envelope
     payload: Any
     claim: Claim
     attempts: int = 0
     error: BaseException | None = None
+    effects: Sequence[Effect] = ()  # the Redis writes of the last successful attempt
+
+    @property
+    def topic(self) -> str:
+        return self.msg.topic() or ""
+
+    @property
+    def partition(self) -> int:
+        return self.msg.partition() or 0
+
+    @property
+    def offset(self) -> int:
+        return self.msg.offset() or 0
 
 
 class HandlerContext:
@@ -148,14 +159,14 @@ class HandlerContext:
     (``envelope.attempt`` is the producer's send attempt).
     """
 
-    __slots__ = ("_env", "_in", "_tx", "attempt", "outputs")
+    __slots__ = ("_env", "_in", "_outputs", "_tx", "attempt")
 
     def __init__(self, inbound: Inbound, attempt: int, env: ContextEnv) -> None:
         self._in = inbound
         self._env = env
         self._tx: RedisTx | None = None
+        self._outputs: list[OutputRecord] | None = None  # made on first use: most have none
         self.attempt = attempt
-        self.outputs: list[OutputRecord] = []
 
     def __repr__(self) -> str:
         return (f"HandlerContext(message_id={self.message_id!r}, topic={self.topic!r}, "
@@ -203,6 +214,11 @@ class HandlerContext:
         """The Redis writes queued through :attr:`tx` (empty when it was never used)."""
         return self._tx.effects if self._tx is not None else ()
 
+    @property
+    def outputs(self) -> Sequence[OutputRecord]:
+        """The output messages queued through :meth:`output`, in order."""
+        return self._outputs if self._outputs is not None else ()
+
     def key_for(self, name: str) -> str:
         """Shorthand for ``ctx.tx.key(name)``: an effect key in this message's hash slot."""
         return self.tx.key(name)
@@ -215,7 +231,9 @@ class HandlerContext:
         ``value`` is encoded with ``payload_schema`` (raw bytes when None). The output expires
         with its input unless ``ttl_ms`` is given.
         """
-        message_id = derived_message_id(self.message_id, len(self.outputs))
+        if self._outputs is None:
+            self._outputs = []
+        message_id = derived_message_id(self.message_id, len(self._outputs))
         created = now_ms()
         env = self._env
         envelope = Envelope(
@@ -229,7 +247,7 @@ class HandlerContext:
             headers=dict(headers or {}),
         )
         raw_key = key.encode() if isinstance(key, str) else key
-        self.outputs.append(OutputRecord(topic, raw_key, env.codec.encode(envelope), message_id))
+        self._outputs.append(OutputRecord(topic, raw_key, env.codec.encode(envelope), message_id))
         return message_id
 
 

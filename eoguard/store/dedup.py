@@ -9,122 +9,55 @@ pipelined in one round trip. Keys expire at ``expires_at`` + grace.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from itertools import chain
-from typing import Any, NamedTuple
+from typing import Any, TypeVar
 
 from eoguard.errors import ClaimNotOwnedError, StoreError
 from eoguard.store.client import RedisClient
+from eoguard.store.dedup_types import (
+    Claim,
+    ClaimOutcome,
+    ClaimReport,
+    ClaimResult,
+    DedupEntry,
+    DedupState,
+    DoneOutcome,
+    DoneReport,
+    DoneResult,
+    Effect,
+    ReleaseResult,
+    owner_token,
+)
 from eoguard.store.keys import KeySpace
-from eoguard.store.scripts import ScriptArg, ScriptCall, Scripts
+from eoguard.store.scripts import Prepared, ScriptArg, ScriptCall, Scripts
 
-
-class ClaimResult(enum.Enum):
-    """Outcome of claiming one message; the values are the codes ``dedup_claim.lua`` returns."""
-
-    NEW = 0
-    MINE = 1
-    DONE = 2
-    BUSY = 3
-    TAKEN_OVER = 4
-    EXPIRED = 5
-
-    @property
-    def should_handle(self) -> bool:
-        """Whether the claimant now holds the claim and runs the handler."""
-        return self in (ClaimResult.NEW, ClaimResult.MINE, ClaimResult.TAKEN_OVER)
-
-
-class DoneResult(enum.Enum):
-    """Outcome of marking one message done; the codes of ``dedup_done.lua``."""
-
-    OK = 0
-    NOT_OWNED = 1
-    ALREADY_DONE = 2
-    EFFECT_ERROR = 3
-
-
-class ReleaseResult(enum.Enum):
-    """Outcome of releasing one claim; the codes of ``dedup_release.lua``."""
-
-    OK = 0
-    NOT_OWNED = 1
-    ALREADY_DONE = 2
-
+__all__ = [
+    "Claim",
+    "ClaimOutcome",
+    "ClaimReport",
+    "ClaimResult",
+    "DedupEntry",
+    "DedupState",
+    "DedupStore",
+    "DoneOutcome",
+    "DoneReport",
+    "DoneResult",
+    "Effect",
+    "ReleaseResult",
+    "owner_token",
+    "read_entries",
+    "scan_entries",
+]
 
 _CLAIM = tuple(ClaimResult)  # by code: enum lookups by value are slow on the hot path
 _DONE = tuple(DoneResult)
 _RELEASE = tuple(ReleaseResult)
+_BUSY_CODE = 48 + ClaimResult.BUSY.value  # as the scripts write it: an ASCII digit
+_EFFECT_ERROR_CODE = 48 + DoneResult.EFFECT_ERROR.value
 
-
-class DedupState(enum.Enum):
-    """What a dedup key holds."""
-
-    CLAIMED = "c"
-    DONE = "d"
-
-
-def owner_token(scope: str, topic: str, partition: int, offset: int) -> str:
-    """The claim owner of a record: its source position (DESIGN.md §4)."""
-    return f"{scope}|{topic}|{partition}|{offset}"
-
-
-class Claim(NamedTuple):
-    """One message to claim: its id, its owner token and its expiry (a tuple: hot path).
-
-    ``shard`` and ``key`` locate its dedup key; :meth:`DedupStore.new_claim` fills them once
-    per message, otherwise the store computes them at every call.
-    """
-
-    message_id: str
-    owner: str
-    expires_at_ms: int
-    shard: int = -1
-    key: str = ""
-
-
-class ClaimOutcome(NamedTuple):
-    """The claim and its result; ``lease_ms`` is the other owner's lease left when BUSY."""
-
-    claim: Claim
-    result: ClaimResult
-    lease_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class Effect:
-    """One single-key Redis write applied atomically with the done mark."""
-
-    command: str
-    key: str
-    args: tuple[str | bytes | int | float, ...] = ()
-
-
-class DoneOutcome(NamedTuple):
-    """The claim, whether it was marked done, and the reason when an effect was refused."""
-
-    claim: Claim
-    result: DoneResult
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class DedupEntry:
-    """A dedup key as the CLI shows it."""
-
-    message_id: str
-    key: str
-    state: DedupState
-    owner: str
-    at_ms: int  # lease deadline when claimed, done time when done
-    expire_at_ms: int  # PEXPIRETIME: expires_at + grace; -1 = no TTL
-
-    @property
-    def scope(self) -> str:
-        """The consumer scope: the owner token starts with it (``scope|topic|partition|offset``)."""
-        return self.owner.split("|", 1)[0]
+T = TypeVar("T")
+Groups = dict[int, tuple[list[int], list[str]]]
+"""Claims by hash slot: shard -> (their indexes in the batch, their dedup keys)."""
 
 
 class DedupStore:
@@ -140,6 +73,7 @@ class DedupStore:
         self.lease_ms = lease_ms
         self.grace_ms = grace_ms
         self._scripts = Scripts(client)
+        self._key_prefixes = self.keys.dedup_prefixes(scope)
         self.round_trips = 0
 
     def key(self, message_id: str) -> str:
@@ -147,9 +81,8 @@ class DedupStore:
 
     def new_claim(self, message_id: str, owner: str, expires_at_ms: int) -> Claim:
         """A claim of this scope with its dedup key located (used at claim, done, release)."""
-        keys = self.keys
-        return Claim(message_id, owner, expires_at_ms, keys.shard_of(message_id),
-                     keys.dedup(self.scope, message_id))
+        shard = self.keys.shard_of(message_id)
+        return Claim(message_id, owner, expires_at_ms, shard, self._key_prefixes[shard] + message_id)
 
     def effect_key(self, message_id: str, name: str) -> str:
         """An effect key in the hash slot of ``message_id``'s dedup key (see KeySpace.effect)."""
@@ -158,21 +91,34 @@ class DedupStore:
     # Claim -----------------------------------------------------------------
     def claim(self, claims: Sequence[Claim]) -> list[ClaimOutcome]:
         """Claim a batch: one script call per hash slot, all in one round trip; input order."""
+        return self._run(self.prepare_claim(claims), "claiming a batch").outcomes(claims)
+
+    def prepare_claim(self, claims: Sequence[Claim]) -> Prepared[ClaimReport]:
+        """The calls of :meth:`claim`, to send with others in one round trip (:meth:`run`)."""
         groups = self._group(claims)
         calls = []
+        grace = self.grace_ms
         for members, keys in groups.values():
-            argv: list[ScriptArg] = [self.lease_ms, self.grace_ms]
-            argv += chain.from_iterable((claims[i][1], claims[i][2]) for i in members)
+            argv: list[ScriptArg] = [self.lease_ms, grace]
+            for i in members:
+                claim = claims[i]
+                argv += (claim[1], claim[2] + grace)  # owner, the key's PXAT
             calls.append(ScriptCall("dedup_claim", keys, argv))
-        replies = self._run(calls, "claiming a batch")
-        out: list[Any] = [None] * len(claims)
-        for (members, _), (codes, busy_ms) in zip(groups.values(), replies, strict=True):
-            busy = iter(busy_ms)
-            for i, code in zip(members, codes, strict=True):
-                result = _CLAIM[code - 48]  # ASCII digits
-                out[i] = ClaimOutcome(claims[i], result,
-                                      int(next(busy)) if result is ClaimResult.BUSY else 0)
-        return out
+
+        def parse(replies: list[Any]) -> ClaimReport:
+            results: list[Any] = [None] * len(claims)
+            lease_ms: dict[int, int] = {}
+            for (members, _), (codes, busy_ms) in zip(groups.values(), replies, strict=True):
+                for i, code in zip(members, codes, strict=True):
+                    results[i] = _CLAIM[code - 48]  # ASCII digits
+                if busy_ms:
+                    busy = iter(busy_ms)
+                    for i, code in zip(members, codes, strict=True):
+                        if code == _BUSY_CODE:
+                            lease_ms[i] = int(next(busy))
+            return ClaimReport(results, lease_ms)
+
+        return Prepared(calls, parse)
 
     # Done ------------------------------------------------------------------
     def done(self, claims: Sequence[Claim],
@@ -184,17 +130,24 @@ class DedupStore:
         acknowledgement; their replies are discarded after error checking. On Redis Cluster
         every effect key must share its message's dedup hash tag (:meth:`effect_key`).
         """
-        effects = effects or {}
+        report = self._run(self.prepare_done(claims, effects, extra=extra), "marking a batch done")
+        return report.outcomes(claims)
+
+    def prepare_done(self, claims: Sequence[Claim],
+                     effects: Mapping[str, Sequence[Effect]] | None = None,
+                     *, extra: Sequence[ScriptCall] = ()) -> Prepared[DoneReport]:
+        """The calls of :meth:`done`, to send with others in one round trip (:meth:`run`)."""
         groups = self._group(claims)
         calls: list[ScriptCall] = []
         for members, dedup_keys in groups.values():
+            if not effects:  # the common case: owners only
+                owners: list[ScriptArg] = [len(members), 0]
+                owners += [claims[i][1] for i in members]
+                calls.append(ScriptCall("dedup_done", dedup_keys, owners))
+                continue
             keys = list(dedup_keys)
             index: dict[str, int] = {}
-            argv: list[ScriptArg] = [len(members)]
-            if not effects:  # the common case: owners only
-                argv += chain.from_iterable((claims[i][1], 0) for i in members)
-                calls.append(ScriptCall("dedup_done", keys, argv))
-                continue
+            argv: list[ScriptArg] = [len(members), 1]
             for i in members:
                 own = effects.get(claims[i].message_id, ())
                 argv += (claims[i].owner, len(own))
@@ -205,27 +158,26 @@ class DedupStore:
                     argv += (eff.command.upper(), index[eff.key], len(eff.args), *eff.args)
             calls.append(ScriptCall("dedup_done", keys, argv))
         calls += extra
-        replies = self._run(calls, "marking a batch done")
-        out: list[Any] = [None] * len(claims)
-        for (members, _), (codes, details) in zip(groups.values(), replies, strict=False):
-            reasons = iter(details)
-            for i, code in zip(members, codes, strict=True):
-                result = _DONE[code - 48]
-                reason = next(reasons) if result is DoneResult.EFFECT_ERROR else b""
-                out[i] = DoneOutcome(claims[i], result, reason.decode())
-        return out
+
+        def parse(replies: list[Any]) -> DoneReport:
+            results: list[Any] = [None] * len(claims)
+            details: dict[int, str] = {}
+            for (members, _), (codes, reasons) in zip(groups.values(), replies, strict=False):
+                for i, code in zip(members, codes, strict=True):
+                    results[i] = _DONE[code - 48]
+                if reasons:
+                    reason = iter(reasons)
+                    for i, code in zip(members, codes, strict=True):
+                        if code == _EFFECT_ERROR_CODE:
+                            details[i] = next(reason).decode()
+            return DoneReport(results, details)
+
+        return Prepared(calls, parse)
 
     # Release ---------------------------------------------------------------
     def release(self, claims: Sequence[Claim], *, strict: bool = False) -> list[ReleaseResult]:
         """Give claims back if still ours; ``strict`` raises ClaimNotOwnedError on NOT_OWNED."""
-        groups = self._group(claims)
-        calls = [ScriptCall("dedup_release", keys, [claims[i].owner for i in members])
-                 for members, keys in groups.values()]
-        replies = self._run(calls, "releasing claims")
-        results: list[Any] = [None] * len(claims)
-        for (members, _), codes in zip(groups.values(), replies, strict=True):
-            for i, code in zip(members, codes, strict=True):
-                results[i] = _RELEASE[code - 48]
+        results = self._run(self.prepare_release(claims), "releasing claims")
         if strict:
             for claim, res in zip(claims, results, strict=True):
                 if res is ReleaseResult.NOT_OWNED:
@@ -233,6 +185,28 @@ class DedupStore:
                         f"claim on {claim.message_id} is not held by {claim.owner}",
                         message_id=claim.message_id, owner=claim.owner)
         return results
+
+    def prepare_release(self, claims: Sequence[Claim]) -> Prepared[list[ReleaseResult]]:
+        """The calls of :meth:`release`, to send with others in one round trip (:meth:`run`)."""
+        groups = self._group(claims)
+        calls = [ScriptCall("dedup_release", keys, [claims[i].owner for i in members])
+                 for members, keys in groups.values()]
+
+        def parse(replies: list[Any]) -> list[ReleaseResult]:
+            results: list[Any] = [None] * len(claims)
+            for (members, _), codes in zip(groups.values(), replies, strict=True):
+                for i, code in zip(members, codes, strict=True):
+                    results[i] = _RELEASE[code - 48]
+            return results
+
+        return Prepared(calls, parse)
+
+    def run(self, prepared: Sequence[Prepared[Any]], doing: str = "claiming and marking done"
+            ) -> list[Any]:
+        """Send prepared calls (of this store or others) in one round trip; parsed replies."""
+        if any(p.calls for p in prepared):
+            self.round_trips += 1
+        return self._scripts.run_prepared(prepared, doing=doing)
 
     # Inspection ------------------------------------------------------------
     def check(self, message_id: str) -> DedupEntry | None:
@@ -260,13 +234,13 @@ class DedupStore:
         return bool(self._scripts.execute(pipe, doing="deleting a dedup key")[0])
 
     # Internals -------------------------------------------------------------
-    def _group(self, claims: Sequence[Claim]) -> dict[int, tuple[list[int], list[str]]]:
-        """Claims by hash slot: (their indexes, their dedup keys) per shard."""
-        groups: dict[int, tuple[list[int], list[str]]] = {}
+    def _group(self, claims: Sequence[Claim]) -> Groups:
+        groups: Groups = {}
         for i, claim in enumerate(claims):
-            shard, key = claim.shard, claim.key
+            shard, key = claim[3], claim[4]
             if not key:
-                shard, key = self.keys.shard_of(claim.message_id), self.key(claim.message_id)
+                shard = self.keys.shard_of(claim[0])
+                key = self._key_prefixes[shard] + claim[0]
             group = groups.get(shard)
             if group is None:
                 groups[shard] = ([i], [key])
@@ -275,11 +249,11 @@ class DedupStore:
                 group[1].append(key)
         return groups
 
-    def _run(self, calls: Sequence[ScriptCall], doing: str) -> list[Any]:
-        if not calls:
-            return []
+    def _run(self, prepared: Prepared[T], doing: str) -> T:
+        if not prepared.calls:
+            return prepared.parse([])
         self.round_trips += 1
-        return self._scripts.run(calls, doing=doing)
+        return prepared.parse(self._scripts.run(prepared.calls, doing=doing))
 
 
 def scan_entries(client: RedisClient, keys: KeySpace, *, scope: str | None = None,

@@ -1,21 +1,22 @@
-"""Producer liveness leases: a sorted set of instance id -> lease deadline (Redis time).
+"""Liveness leases: per role, a sorted set of instance id -> lease deadline (Redis time).
 
 A producer renews its lease every ``lease_s / 3``; once the deadline passes, the records it
 owns may be claimed for resend by another producer. The number of live leases is one input
-of the adaptive delay. Deadlines come from Redis's clock (``TIME`` in the scripts), so
-producers on machines with skewed clocks agree on who is live.
+of the adaptive delay. Consumers renew theirs the same way, for ``eoguard status``.
+Deadlines come from Redis's clock (``TIME`` in the scripts), so instances on machines with
+skewed clocks agree on who is live.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import redis
 
 from eoguard.store.client import RedisClient, wrap_redis_error
 from eoguard.store.keys import KeySpace
-from eoguard.store.scripts import ScriptCall, Scripts
+from eoguard.store.scripts import Prepared, ScriptCall, Scripts
 
 __all__ = ["Heartbeat", "LiveSet", "Liveness"]
 
@@ -44,7 +45,7 @@ def _text(value: object) -> str:
 
 
 class Liveness:
-    """Liveness leases of the producers of one :class:`KeySpace`."""
+    """Liveness leases of the producers (or the consumers) of one :class:`KeySpace`."""
 
     def __init__(self, client: RedisClient, keys: KeySpace, *,
                  scripts: Scripts | None = None,
@@ -56,9 +57,15 @@ class Liveness:
 
     def heartbeat(self, instance_id: str, lease_ms: int) -> Heartbeat:
         """Register or renew ``instance_id`` until now + ``lease_ms``; drop lapsed leases."""
-        reply = self.scripts.run_one(ScriptCall("live_heartbeat", [self.key],
-                                                [instance_id, lease_ms]))
-        return Heartbeat(now_ms=int(reply[0]), live_count=int(reply[1]))
+        prepared = self.prepare_heartbeat(instance_id, lease_ms)
+        return prepared.parse(self.scripts.run(prepared.calls, doing="renewing a liveness lease"))
+
+    def prepare_heartbeat(self, instance_id: str, lease_ms: int) -> Prepared[Heartbeat]:
+        """The call of :meth:`heartbeat`, to send along with others in one round trip."""
+        def parse(replies: list[Any]) -> Heartbeat:
+            return Heartbeat(now_ms=int(replies[0][0]), live_count=int(replies[0][1]))
+
+        return Prepared([ScriptCall("live_heartbeat", [self.key], [instance_id, lease_ms])], parse)
 
     def live(self) -> LiveSet:
         """The instances whose lease has not lapsed, with the Redis time of the read."""

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import redis
 from redis.exceptions import NoScriptError
@@ -22,6 +22,7 @@ from eoguard.errors import StoreError
 from eoguard.store.client import RedisClient, wrap_redis_error
 
 ScriptArg = str | bytes | int | float
+T = TypeVar("T")
 
 
 class LuaScript(NamedTuple):
@@ -46,6 +47,17 @@ class ScriptCall(NamedTuple):
     script: str
     keys: Sequence[str]
     args: Sequence[ScriptArg]
+
+
+class Prepared(NamedTuple, Generic[T]):
+    """Script calls built but not sent, and how to read their replies.
+
+    Several go out in one pipeline (:meth:`Scripts.run_prepared`): e.g. the consumer sends a
+    batch's done marks, the next batch's claims and its liveness heartbeat in one round trip.
+    """
+
+    calls: Sequence[ScriptCall]
+    parse: Callable[[list[Any]], T]
 
 
 class Scripts:
@@ -91,6 +103,17 @@ class Scripts:
                 self._load(name)
             todo = missing
         raise StoreError(f"Redis kept answering NOSCRIPT while {doing}")
+
+    def run_prepared(self, prepared: Sequence[Prepared[Any]], *,
+                     doing: str = "running scripts") -> list[Any]:
+        """Send every prepared call in one pipeline; each one's parsed replies, in order."""
+        replies = self.run([call for p in prepared for call in p.calls], doing=doing)
+        out, start = [], 0
+        for p in prepared:
+            end = start + len(p.calls)
+            out.append(p.parse(replies[start:end]))
+            start = end
+        return out
 
     def execute(self, pipe: Any, *, doing: str, raise_on_error: bool = True) -> list[Any]:
         """Execute a pipeline, wrapping redis-py errors at the boundary."""

@@ -1,5 +1,6 @@
 """GuardedConsumer against real Kafka and Redis: duplicates, scopes, expiry, dead letters,
-retries, transactional effects, read-process-write, outbox acknowledgement, busy claims."""
+retries, transactional effects, read-process-write, outbox acknowledgement, busy claims,
+liveness leases."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from eoguard.guard.consumer import GuardedConsumer
 from eoguard.guard.handler import HandlerContext
 from eoguard.store.dedup import Claim, DedupStore, owner_token
 from eoguard.store.keys import KeySpace
+from eoguard.store.liveness import Liveness
 from eoguard.store.outbox import Outbox, OutboxRecord
 from tests.consumer_kit import CODEC, consumer_config, drain, envelope, headers_of, produce, read_all
 
@@ -314,3 +316,26 @@ def test_dedup_keys_are_gone_after_expiry_plus_grace(make, new_topic, kafka_boot
     last = max(e.expires_at_ms for e in envs) + 1_000
     time.sleep(max(0.0, (last - now_ms()) / 1000) + 0.2)
     assert list(redis_client.scan_iter(match=pattern, count=1000)) == []
+
+
+def test_running_consumer_is_live_and_gone_after_close(make, new_topic, kafka_bootstrap,
+                                                        redis_client, key_prefix) -> None:
+    topic = new_topic(1)
+    live = Liveness(redis_client, KeySpace(prefix=key_prefix), role="consumers")
+    seen, handler = recorder()
+    idle = make([topic], handler)
+    idle.poll_once()  # nothing to read: an idle consumer heartbeats too
+    assert live.live().is_live(idle.instance_id)
+    produce(kafka_bootstrap, topic, [envelope() for _ in range(5)])
+    busy = make([topic], handler, scope="other")
+    drain([busy], lambda: busy.stats().handled >= 5)
+    assert len(seen) == 5
+    deadlines = live.live().deadlines
+    assert {idle.instance_id, busy.instance_id} <= set(deadlines)
+    # The lease runs lease_s (30 s by default) from the last heartbeat, by Redis's clock.
+    assert 0 < deadlines[busy.instance_id] - live.live().read_at_ms <= 30_000
+    busy.close()
+    assert not live.live().is_live(busy.instance_id)
+    assert live.live().is_live(idle.instance_id)
+    idle.close()
+    assert live.live().deadlines == {}

@@ -2,9 +2,10 @@
 --
 -- KEYS[i]      = dedup key of message i (KeySpace.dedup(scope, id)); all in one hash slot
 -- ARGV[1]      = lease length in ms (the deadline is taken from the server clock: TIME)
--- ARGV[2]      = grace in ms added to expires_at for the key's PEXPIREAT
+-- ARGV[2]      = grace in ms: the key of message i expires at expires_at + grace
 -- ARGV[1+2i]   = owner token of message i: its source position "scope|topic|partition|offset"
--- ARGV[2+2i]   = expires_at of message i, epoch ms
+-- ARGV[2+2i]   = expires_at + grace of message i, epoch ms: its key's PXAT (computed by the
+--                caller so this loop formats no number per key)
 -- returns      = {codes, busy_ms}: codes is a string with one digit per key, in KEYS order;
 --                busy_ms lists, for each BUSY key in order, the lease left in ms:
 --                0 NEW         absent -> claimed by us
@@ -24,19 +25,18 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease_ms = tonumber(ARGV[1])
 local grace_ms = tonumber(ARGV[2])
 local deadline = now + lease_ms
-local deadline_s = string.format('%d', deadline)
+local claimed_by = 'c|' .. string.format('%d', deadline) .. '|'
 local codes, busy = {}, {}
 
 for i = 1, #KEYS do
   local key = KEYS[i]
   local owner = ARGV[1 + 2 * i]
-  local expires_at = tonumber(ARGV[2 + 2 * i])
-  local claimed = 'c|' .. deadline_s .. '|' .. owner
+  local pxat = ARGV[2 + 2 * i]
+  local claimed = claimed_by .. owner
   local code = 0
-  if expires_at <= now then
+  if tonumber(pxat) - grace_ms <= now then
     code = 5
-  elseif not redis.call('SET', key, claimed, 'NX', 'PXAT',
-                        string.format('%d', expires_at + grace_ms)) then
+  elseif not redis.call('SET', key, claimed, 'NX', 'PXAT', pxat) then
     -- The key exists (a NEW claim is the one SET NX above, the common case).
     local value = redis.call('GET', key)
     local sep = string.find(value, '|', 3, true)

@@ -5,9 +5,11 @@
 -- KEYS[n+1..]  = effect keys the messages' commands write (on Redis Cluster: the same hash slot,
 --                which is why handlers build them with the dedup key's hash tag)
 -- ARGV[1]      = n
--- then, for each message i = 1..n, in order:
---   owner token ("scope|topic|partition|offset"), command count c,
---   and c commands, each: NAME, index of its key in KEYS, argument count a, a arguments
+-- ARGV[2]      = 0 when no message has effects: ARGV[3..n+2] are then the n owner tokens
+--                ("scope|topic|partition|offset"), in order (the common case: one arg each);
+--                1 otherwise, and then for each message i = 1..n, in order: owner token,
+--                command count c, and c commands, each: NAME, index of its key in KEYS,
+--                argument count a, a arguments
 --   NAME is one of SET INCRBY DECRBY HSET HINCRBY HDEL SADD SREM RPUSH LPUSH ZADD DEL EXPIRE
 --   PEXPIRE PEXPIREAT (single-key commands; the Python side builds them)
 -- returns      = {codes, details}: codes is a string with one digit per message, in order;
@@ -68,17 +70,24 @@ local function fence(value, owner)
 end
 
 local t = redis.call('TIME')
-local now_s = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local done_by = 'd|' .. string.format('%d', now) .. '|'
 local n = tonumber(ARGV[1])
-local p = 2
+local with_effects = ARGV[2] == '1'
+local p = 3
 local codes, details = {}, {}
 
 for i = 1, n do
   local key = KEYS[i]
   local owner = ARGV[p]
-  local count = tonumber(ARGV[p + 1])
-  p = p + 2
-  local done = 'd|' .. now_s .. '|' .. owner
+  local count = 0
+  if with_effects then
+    count = tonumber(ARGV[p + 1])
+    p = p + 2
+  else
+    p = p + 1
+  end
+  local done = done_by .. owner
   local code = 0
   if count == 0 then
     local old = redis.call('SET', key, done, 'XX', 'KEEPTTL', 'GET')
