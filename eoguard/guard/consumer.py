@@ -58,6 +58,7 @@ from eoguard.kafka.consumer import KafkaConsumer, Partition
 from eoguard.kafka.sink import DeliverySink
 from eoguard.store.client import RedisClient
 from eoguard.store.dedup import DedupStore
+from eoguard.store.layout import check_layout
 from eoguard.store.liveness import Liveness
 from eoguard.store.outbox import Outbox
 from eoguard.store.scripts import Prepared
@@ -75,6 +76,7 @@ class GuardedConsumer:
             raise ConfigError("GuardedConsumer needs exactly one of handler= or batch_handler=")
         self.config = config
         self._redis = redis if redis is not None else config.redis.connect()
+        check_layout(self._redis, config.keyspace)  # a mismatched shard count would re-handle
         self._lease_ms = int(config.lease_s * 1000)
         self._dedup = DedupStore(self._redis, scope=config.scope, keys=config.keyspace,
                                  lease_ms=self._lease_ms, grace_ms=int(config.grace_s * 1000))

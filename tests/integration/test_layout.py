@@ -6,7 +6,9 @@ import pytest
 from click.testing import CliRunner
 
 from eoguard.cli import cli
+from eoguard.config import ConsumerConfig, RedisConfig
 from eoguard.errors import ConfigError
+from eoguard.guard.consumer import GuardedConsumer
 from eoguard.store.keys import KeySpace
 from eoguard.store.layout import check_layout, recorded_shards
 
@@ -33,3 +35,13 @@ def test_the_cli_adopts_the_recorded_layout_and_refuses_another(redis_client, re
     assert bad.exit_code == 2
     assert "laid out in 4 shards" in bad.output
     assert "Traceback" not in bad.output
+
+
+def test_a_consumer_with_another_shard_count_is_refused(redis_client, redis_url: str,
+                                                         key_prefix: str) -> None:
+    check_layout(redis_client, KeySpace(prefix=key_prefix, shards=8))
+    config = ConsumerConfig(kafka={"bootstrap.servers": "127.0.0.1:1", "group.id": "g"},
+                            redis=RedisConfig(url=redis_url), scope="s", topics=("t",),
+                            keyspace=KeySpace(prefix=key_prefix, shards=16))
+    with pytest.raises(ConfigError, match="laid out in 8 shards"):
+        GuardedConsumer(config, handler=lambda ctx: None)
