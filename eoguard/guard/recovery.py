@@ -21,7 +21,7 @@ from eoguard.errors import BrokerError, CodecError
 from eoguard.guard.messages import ReportSink
 from eoguard.kafka.producer import KafkaProducer
 from eoguard.store.liveness import Liveness
-from eoguard.store.outbox import ClaimedRecord, Outbox
+from eoguard.store.outbox import ClaimBatch, ClaimedRecord, Outbox
 
 __all__ = ["Recovery", "RecoveryReport", "ResendToken"]
 
@@ -81,19 +81,12 @@ class Recovery:
         batch = self.outbox.claim_for_resend(
             claimer=self.instance_id, live_owners=owners, live_read_at_ms=live.read_at_ms,
             resend_after_ms=self.resend_after_ms)
-        # Step 3. (Stop at the first record librdkafka cannot take: the rest stay claimed by
-        # this producer and are due again after resend_after.)
-        resent = 0
-        for rec in batch.records:
-            outcome = self._resend(rec)
-            if outcome is None:
-                break
-            resent += outcome
+        # Step 3.
+        report = self._resend_all(batch)
         if batch.records or batch.swept or batch.expired:
             log.info("recovery: claimed %d, resent %d, swept %d, expired %d",
-                     len(batch.records), resent, batch.swept, batch.expired)
-        return RecoveryReport(claimed=len(batch.records), resent=resent, swept=batch.swept,
-                              expired=batch.expired)
+                     report.claimed, report.resent, report.swept, report.expired)
+        return report
 
     def resend_ids(self, message_ids: Sequence[str]) -> RecoveryReport:
         """Resend the named pending records now, whoever owns them (``eoguard outbox resend``).
@@ -106,6 +99,11 @@ class Recovery:
         batch = self.outbox.claim_ids_for_resend(
             message_ids, claimer=self.instance_id, live_owners=(),
             live_read_at_ms=live.read_at_ms + 1, resend_after_ms=self.resend_after_ms)
+        return self._resend_all(batch)
+
+    def _resend_all(self, batch: ClaimBatch) -> RecoveryReport:
+        """Resend a claimed batch in order, stopping at the first record librdkafka cannot
+        take: the rest stay claimed by this producer and are due again after resend_after."""
         resent = 0
         for rec in batch.records:
             outcome = self._resend(rec)
