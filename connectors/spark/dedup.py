@@ -240,7 +240,8 @@ def mark_done_partitions(settings: ClaimSettings) -> ArrowMap:
         yield pa.RecordBatch.from_pydict({
             "done": [counts[DoneResult.OK]],
             "already_done": [counts[DoneResult.ALREADY_DONE]],
-            "not_owned": [counts[DoneResult.NOT_OWNED] + counts[DoneResult.EFFECT_ERROR]],
+            "not_owned": [counts[DoneResult.NOT_OWNED] + counts[DoneResult.EFFECT_ERROR]
+                          + counts[DoneResult.ABSENT]],
         }, schema=pa.schema([("done", pa.int64()), ("already_done", pa.int64()),
                              ("not_owned", pa.int64())]))
 

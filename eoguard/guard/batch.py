@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 _NEW, _MINE, _TAKEN_OVER = ClaimResult.NEW, ClaimResult.MINE, ClaimResult.TAKEN_OVER
 _BUSY, _DUPLICATE = ClaimResult.BUSY, ClaimResult.DONE
-_OK, _EFFECT_ERROR = DoneResult.OK, DoneResult.EFFECT_ERROR
+_OK, _EFFECT_ERROR, _ABSENT = DoneResult.OK, DoneResult.EFFECT_ERROR, DoneResult.ABSENT
 
 
 @dataclass(slots=True)
@@ -236,6 +236,11 @@ class BatchProcessor:
                 self.stats.handled += 1
             elif result is _EFFECT_ERROR:
                 item.error = ConsumerError(f"Redis effects refused: {report.details[i]}")
+                refused.append(item)
+            elif result is _ABSENT:
+                # Nothing was applied, so handling again is the only way not to lose it.
+                item.error = ConsumerError("the claim vanished before done (expired, forgotten "
+                                           "or lost in a failover); claiming again")
                 refused.append(item)
             else:
                 self.stats.fenced += 1

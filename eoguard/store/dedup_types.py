@@ -46,6 +46,7 @@ class DoneResult(enum.Enum):
     NOT_OWNED = 1
     ALREADY_DONE = 2
     EFFECT_ERROR = 3
+    ABSENT = 4  # the claim vanished (TTL, forget, failover): nothing applied, claim again
 
 
 class ReleaseResult(enum.Enum):

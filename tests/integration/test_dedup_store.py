@@ -197,10 +197,22 @@ def test_script_cache_flush_is_survived(private_redis) -> None:
     client.close()
 
 
+def test_done_after_the_claim_vanished_is_absent_and_applies_nothing(
+        store: DedupStore, redis_client: redis.Redis) -> None:
+    mid = new_message_id()
+    holder = claim_of(mid, 1)
+    assert store.claim([holder])[0].result is ClaimResult.NEW
+    redis_client.delete(store.key(mid))  # TTL ran out, `eoguard dedup forget`, or a failover
+    assert store.done([holder])[0].result is DoneResult.ABSENT
+    assert redis_client.exists(store.key(mid)) == 0
+    assert store.claim([holder])[0].result is ClaimResult.NEW  # the consumer claims again
+    assert store.done([holder])[0].result is DoneResult.OK
+
+
 def test_done_by_a_non_owner_changes_nothing(store: DedupStore, redis_client: redis.Redis) -> None:
     mid = new_message_id()
     holder, other = claim_of(mid, 1), claim_of(mid, 2)
-    assert store.done([other])[0].result is DoneResult.NOT_OWNED  # absent: not created either
+    assert store.done([other])[0].result is DoneResult.ABSENT  # and not created either
     assert store.check(mid) is None
     store.claim([holder])
     before = redis_client.get(store.key(mid))

@@ -15,10 +15,12 @@
 -- returns      = {codes, details}: codes is a string with one digit per message, in order;
 --                details lists, for each EFFECT_ERROR in order, the reason:
 --                0 OK            was claimed by this owner: effects applied, now done
---                1 NOT_OWNED     absent or claimed by another owner: nothing applied
+--                1 NOT_OWNED     claimed by another owner: nothing applied
 --                2 ALREADY_DONE  done before (by anyone): nothing applied (fencing)
 --                3 EFFECT_ERROR  a command would fail (wrong type, not an integer): nothing of
 --                                this message applied, claim kept
+--                4 ABSENT        no dedup key (the claim's TTL ran out, it was forgotten, or a
+--                                failover lost it): nothing applied; the caller claims again
 --
 -- The key becomes "d|<done_at_ms>|<owner>" with its TTL kept. Without effects that is one
 -- SET ... XX KEEPTTL GET, put back at once (same script, so nobody sees it) when the old value
@@ -60,7 +62,7 @@ end
 
 local function fence(value, owner)
   if not value then
-    return 1
+    return 4
   end
   if string.sub(value, 1, 1) == 'd' then
     return 2
