@@ -13,7 +13,7 @@ import random
 from typing import Any
 
 import pytest
-from codec_samples import ORDER, UTC, envelope, load_registry, order
+from codec_samples import ORDER, UTC, envelope, order
 
 from eoguard import (
     BadMagicError,
@@ -27,22 +27,6 @@ from eoguard import (
     UnknownFingerprintError,
 )
 from eoguard.codec import HEADER_SIZE, MAGIC
-
-
-@pytest.fixture(scope="module")
-def registry() -> SchemaRegistry:
-    return load_registry()
-
-
-@pytest.fixture(scope="module")
-def codec(registry: SchemaRegistry) -> EnvelopeCodec:
-    return EnvelopeCodec(registry)
-
-
-@pytest.fixture(scope="module")
-def payloads(registry: SchemaRegistry) -> PayloadCodec:
-    return PayloadCodec(registry)
-
 
 # --- envelope round trips ------------------------------------------------------------------
 

@@ -25,7 +25,6 @@ from codec_samples import (
     SCHEMAS,
     UTC,
     envelope,
-    load_registry,
     order,
 )
 from fastavro import schemaless_writer
@@ -44,21 +43,6 @@ from eoguard.codec import HEADER_SIZE, MAGIC, fingerprint_of
 from eoguard.codec.schemas import SCHEMA_DIR_ENV, crc64_avro, default_schema_dir
 
 ROOT = SCHEMAS.parent
-
-
-@pytest.fixture(scope="module")
-def registry() -> SchemaRegistry:
-    return load_registry()
-
-
-@pytest.fixture(scope="module")
-def codec(registry: SchemaRegistry) -> EnvelopeCodec:
-    return EnvelopeCodec(registry)
-
-
-@pytest.fixture(scope="module")
-def payloads(registry: SchemaRegistry) -> PayloadCodec:
-    return PayloadCodec(registry)
 
 
 def without_logical_types(node: Any) -> Any:
