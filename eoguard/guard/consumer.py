@@ -243,12 +243,7 @@ class GuardedConsumer:
         # An asynchronous commit refused during a rebalance (ILLEGAL_GENERATION) is not
         # retried by librdkafka; a partition that receives nothing more would stay behind.
         if self._unconfirmed:
-            try:
-                self._kafka.commit(asynchronous=False)
-            except BrokerError as exc:
-                log.warning("commit failed (retried when idle again): %s", exc)
-            else:
-                self._unconfirmed = False
+            self._commit_sync("commit failed (retried when idle again): %s")
         if time.monotonic() < self._beat_at:
             return
         self._beat_at = time.monotonic() + self.config.lease_s / 3
@@ -298,10 +293,14 @@ class GuardedConsumer:
     def _on_revoke(self, partitions: list[Partition]) -> None:
         # Revocation is served inside consume(), between batches: what was handled is stored.
         self._drop_held(set(partitions))
+        self._commit_sync("commit on revoke failed (records are re-read, then DONE): %s")
+
+    def _commit_sync(self, on_failure: str) -> None:
+        """Commit the stored offsets and wait; a failure is logged with ``on_failure``."""
         try:
             self._kafka.commit(asynchronous=False)
         except BrokerError as exc:
-            log.warning("commit on revoke failed (records are re-read, then DONE): %s", exc)
+            log.warning(on_failure, exc)
         else:
             self._unconfirmed = False
 
