@@ -30,7 +30,15 @@ from eoguard.guard.handler import (
 )
 from eoguard.kafka.consumer import Partition
 from eoguard.kafka.sink import DeliverySink
-from eoguard.store.dedup import Claim, ClaimReport, ClaimResult, DedupStore, DoneReport, DoneResult
+from eoguard.store.dedup import (
+    Claim,
+    ClaimReport,
+    ClaimResult,
+    DedupStore,
+    DoneReport,
+    DoneResult,
+    owner_token,
+)
 from eoguard.store.outbox import Outbox
 from eoguard.store.scripts import Prepared
 
@@ -110,6 +118,9 @@ class BatchProcessor:
         self._env, self._codec, self._payloads = env, env.codec, env.payloads
         self._handler, self._batch_handler = handler, batch_handler
         self._key_prefixes = dedup.keys.dedup_prefixes(config.scope)
+        # owner_token(scope, group, ...) up to the topic: the group is this consumer's reader
+        self._owner_prefix = owner_token(config.scope, str(config.kafka["group.id"]), "", 0, 0) \
+            .removesuffix("|0|0")
         self.stats = ConsumerStats()
 
     # Steps 2 and 3 ---------------------------------------------------------------------
@@ -117,7 +128,7 @@ class BatchProcessor:
         """Decode envelopes and payloads; dead-letter the malformed, drop the expired."""
         items: list[Inbound] = []
         ends: dict[Partition, int] = {}
-        now, scope, prefixes = now_ms(), self.config.scope, self._key_prefixes
+        now, reader, prefixes = now_ms(), self._owner_prefix, self._key_prefixes
         shards, crc32 = len(prefixes), zlib.crc32  # KeySpace.shard_of, inlined: hot path
         decode, payload_of, new_tuple = self._codec.decode, self._payloads.decode, tuple.__new__
         for msg in msgs:
@@ -138,7 +149,7 @@ class BatchProcessor:
                 continue
             mid = envelope.id
             shard = crc32(mid.encode()) % shards
-            owner = f"{scope}|{topic}|{partition}|{offset}"  # owner_token(), inlined
+            owner = f"{reader}{topic}|{partition}|{offset}"  # owner_token(), inlined
             # Claim(...) without the NamedTuple's Python-level __new__: half the cost.
             claim = new_tuple(Claim, (mid, owner, expires_at, shard, prefixes[shard] + mid))
             items.append(Inbound(msg, envelope, payload, claim))

@@ -64,9 +64,15 @@ class DedupState(enum.Enum):
     DONE = "d"
 
 
-def owner_token(scope: str, topic: str, partition: int, offset: int) -> str:
-    """The claim owner of a record: its source position (DESIGN.md §4)."""
-    return f"{scope}|{topic}|{partition}|{offset}"
+def owner_token(scope: str, reader: str, topic: str, partition: int, offset: int) -> str:
+    """The claim owner of a record: its source position as seen by one reader (DESIGN.md §4).
+
+    ``reader`` names who reads the topic: a consumer group id, or a Spark query. A replay by
+    the same reader (restart before commit, a retried micro-batch) re-owns its claim; two
+    readers of one scope reading the same record are two owners, so only one handles it.
+    Topic names cannot hold ``|``, so the token parses from the right even when the reader does.
+    """
+    return f"{scope}|{reader}|{topic}|{partition}|{offset}"
 
 
 class Claim(NamedTuple):

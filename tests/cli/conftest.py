@@ -95,12 +95,13 @@ def seeded(redis_client, key_prefix: str) -> Seeded:
     box.put(refunds, owner="p-gone", keep_until=KeepUntil.CONSUMED, resend_after_ms=600_000)
     box.mark_published([orders[0].id])
     billing = DedupStore(redis_client, scope="billing", keys=keys, lease_ms=60_000)
-    claims = [Claim(r.id, owner_token("billing", "orders", 0, i), r.expires_at_ms)
+    claims = [Claim(r.id, owner_token("billing", "billing-app", "orders", 0, i), r.expires_at_ms)
               for i, r in enumerate(orders)]
     billing.claim(claims)
     billing.done(claims[:2])
     shipping = DedupStore(redis_client, scope="shipping", keys=keys, lease_ms=1)
-    lapsed = Claim(refunds[0].id, owner_token("shipping", "refunds", 1, 5), refunds[0].expires_at_ms)
+    owner = owner_token("shipping", "shipping-app", "refunds", 1, 5)
+    lapsed = Claim(refunds[0].id, owner, refunds[0].expires_at_ms)
     shipping.claim([lapsed])
     time.sleep(0.01)
     return Seeded(keys=keys, published=orders[0].id, live_pending=[r.id for r in orders[1:]],

@@ -292,7 +292,8 @@ def test_busy_claim_is_waited_on_then_taken_over_or_skipped(make, new_topic, kaf
     # Another owner (a consumer that died mid-handler) claimed both, with short and long leases.
     for env, lease_ms in ((lapsing, 1_000), (held, 120_000)):
         store = DedupStore(redis_client, scope="app", keys=keys, lease_ms=lease_ms)
-        store.claim([Claim(env.id, owner_token("app", "elsewhere", 0, 1), env.expires_at_ms)])
+        elsewhere = owner_token("app", "another-group", "elsewhere", 0, 1)
+        store.claim([Claim(env.id, elsewhere, env.expires_at_ms)])
     produce(kafka_bootstrap, topic, [lapsing, held])
     seen, handler = recorder()
     started = now_ms()

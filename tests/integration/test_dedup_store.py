@@ -34,7 +34,7 @@ def store(redis_client: redis.Redis, key_prefix: str) -> DedupStore:
 
 
 def claim_of(message_id: str, offset: int, *, ttl_ms: int = 60_000) -> Claim:
-    return Claim(message_id, owner_token("billing", "orders", 0, offset), now_ms() + ttl_ms)
+    return Claim(message_id, owner_token("billing", "g", "orders", 0, offset), now_ms() + ttl_ms)
 
 
 def test_new_then_mine_then_done_duplicate(store: DedupStore) -> None:
@@ -178,8 +178,8 @@ def test_two_scopes_claim_independently(redis_client: redis.Redis, key_prefix: s
     a = DedupStore(redis_client, scope="a", keys=keys)
     b = DedupStore(redis_client, scope="b", keys=keys)
     mid = new_message_id()
-    ca = Claim(mid, owner_token("a", "t", 0, 0), now_ms() + 60_000)
-    cb = Claim(mid, owner_token("b", "t", 0, 0), now_ms() + 60_000)
+    ca = Claim(mid, owner_token("a", "g", "t", 0, 0), now_ms() + 60_000)
+    cb = Claim(mid, owner_token("b", "g", "t", 0, 0), now_ms() + 60_000)
     assert a.claim([ca])[0].result is ClaimResult.NEW
     a.done([ca])
     assert b.claim([cb])[0].result is ClaimResult.NEW
