@@ -253,7 +253,8 @@ class ConsumerConfig:
     :meth:`kafka_config` turns ``enable.auto.commit`` and ``enable.auto.offset.store`` off
     (offsets are stored only after a batch is done) and defaults ``auto.offset.reset`` to
     ``earliest``. ``scope`` is the dedup namespace: each scope handles a message once.
-    The claim ``lease_s`` must outlast a batch's handling; ``busy_wait_s`` bounds how long a
+    Claims are renewed every ``lease_s / 3`` while their batch is handled, so ``lease_s`` only
+    bounds how long a crashed consumer's claims block a duplicate; ``busy_wait_s`` bounds how long a
     batch waits on a claim another owner holds; dedup keys live until ``expires_at + grace_s``.
     The dead-letter topic defaults to ``<scope>.dead-letter``.
     """

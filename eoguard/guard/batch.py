@@ -28,6 +28,7 @@ from eoguard.guard.handler import (
     Inbound,
     OutputRecord,
 )
+from eoguard.guard.lease import LeaseKeeper
 from eoguard.kafka.consumer import Partition
 from eoguard.kafka.sink import DeliverySink
 from eoguard.store.dedup import (
@@ -66,6 +67,8 @@ class ConsumerStats:
     in_flight: int = 0
     store_outages: int = 0
     commits: int = 0
+    lease_renewals: int = 0  # round trips renewing the claims of a batch still being handled
+    leases_lost: int = 0  # claims found taken over at renewal (handled too slowly)
 
 
 class Batch:
@@ -111,9 +114,10 @@ class BatchProcessor:
     """Takes batches through decode -> claim -> handler -> done, with retries and dead letters."""
 
     def __init__(self, config: ConsumerConfig, *, dedup: DedupStore, outbox: Outbox | None,
-                 sink: DeliverySink, dead: DeadLetterRouter, env: ContextEnv,
+                 sink: DeliverySink, dead: DeadLetterRouter, env: ContextEnv, leases: LeaseKeeper,
                  handler: Handler | None, batch_handler: BatchHandler | None) -> None:
         self.config = config
+        self.leases = leases  # renews what sort() found ours until let_go()
         self._dedup, self._outbox, self._sink, self._dead = dedup, outbox, sink, dead
         self._env, self._codec, self._payloads = env, env.codec, env.payloads
         self._handler, self._batch_handler = handler, batch_handler
@@ -162,6 +166,7 @@ class BatchProcessor:
             batch.busy_until = time.monotonic() + self.config.busy_wait_s
         results = report.results
         if results.count(_NEW) == len(results):  # the common case: all ours
+            self.leases.hold(item.claim for item in batch.items)
             return
         mine: list[Inbound] = []
         for i, (item, result) in enumerate(zip(batch.items, results, strict=True)):
@@ -175,6 +180,7 @@ class BatchProcessor:
             else:
                 self._expired(item.msg, item.envelope)
         batch.items = mine
+        self.leases.hold(item.claim for item in mine)
 
     # Steps 5 and 6 -----------------------------------------------------------------------
     def handle(self, items: list[Inbound]) -> tuple[list[Inbound], list[Inbound]]:
@@ -230,10 +236,17 @@ class BatchProcessor:
 
     def prepare_done(self, ok: list[Inbound]) -> Prepared[DoneReport]:
         """Done marks with the handlers' Redis effects, and the senders' outbox acks."""
+        claims = self.let_go(ok)
         effects = {item.envelope.id: item.effects for item in ok if item.effects}
         extra = self._outbox.ack_calls([item.envelope.id for item in ok]) \
             if self._outbox is not None and ok else []
-        return self._dedup.prepare_done([item.claim for item in ok], effects, extra=extra)
+        return self._dedup.prepare_done(claims, effects, extra=extra)
+
+    def let_go(self, items: list[Inbound]) -> list[Claim]:
+        """The claims of ``items``, no longer renewed: about to be marked done or released."""
+        claims = [item.claim for item in items]
+        self.leases.drop(claims)
+        return claims
 
     def settle_done(self, ok: list[Inbound], report: DoneReport) -> list[Inbound]:
         """Count what was marked done; returns the items whose effects were refused."""
@@ -308,7 +321,7 @@ class BatchProcessor:
             [outcomes] = self._dedup.run([self.prepare_done(ok)], "marking a batch done")
             failed += self.settle_done(ok, outcomes)
             if failed:
-                self._dedup.release([item.claim for item in failed])
+                self._dedup.release(self.let_go(failed))
             retry, wait_s = self.plan(failed, batch, handled_any=bool(ok))
 
     def _expired(self, msg: Message, envelope: Envelope) -> None:

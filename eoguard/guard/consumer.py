@@ -22,9 +22,10 @@ this batch's Step 6 round trip also carries the next batch's Step 4 (and, every 
 the liveness heartbeat): one Redis round trip per batch. Offsets are stored only once the done
 marks are confirmed; when ``poll_once`` returns, all it handled is done and its offsets stored
 (committed asynchronously; an idle poll confirms the commit). A batch with failed or BUSY
-messages finishes Step 7 before the next batch is claimed. The next batch's claims are held
-while this one is handled: a lease shorter than two batches' handling lets a duplicate elsewhere
-take them over, which the done mark reports (fenced, never doubled).
+messages finishes Step 7 before the next batch is claimed. Every claim held is renewed every
+``lease_s / 3`` by a :class:`~eoguard.guard.lease.LeaseKeeper` thread until it is marked done or
+released, so a slow batch keeps its claims; a claim lost anyway (the process stalled past its
+lease) is reported by the done mark (fenced, never doubled).
 
 Redis (or Kafka, for outputs and dead letters) failing in Steps 4-8: nothing more is committed,
 the partitions are rewound to the first offsets held and re-read after a backoff; what was
@@ -54,6 +55,7 @@ from eoguard.errors import BrokerError, ConfigError, ConsumerError, DeadLetterEr
 from eoguard.guard.batch import Batch, BatchProcessor, ConsumerStats
 from eoguard.guard.dead_letter import DeadLetterRouter
 from eoguard.guard.handler import BatchHandler, ContextEnv, Handler
+from eoguard.guard.lease import LeaseKeeper
 from eoguard.kafka.consumer import KafkaConsumer, Partition
 from eoguard.kafka.sink import DeliverySink
 from eoguard.store.client import RedisClient
@@ -88,8 +90,10 @@ class GuardedConsumer:
             f"{config.scope}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}")
         env = ContextEnv(config.scope, config.keyspace, isinstance(self._redis, RedisCluster),
                          self.instance_id, EnvelopeCodec(registry), PayloadCodec(registry))
+        self._leases = LeaseKeeper(self._dedup, interval_s=config.lease_s / 3)
         self._batch = BatchProcessor(config, dedup=self._dedup, outbox=self._outbox,
-                                     sink=self._sink, dead=self._dead, env=env, handler=handler,
+                                     sink=self._sink, dead=self._dead, env=env,
+                                     leases=self._leases, handler=handler,
                                      batch_handler=batch_handler)
         self._stats = self._batch.stats
         self._claimed: Batch | None = None  # claims held, handled by the next poll
@@ -147,7 +151,8 @@ class GuardedConsumer:
     def stats(self) -> ConsumerStats:
         in_flight = len(self._claimed.items) if self._claimed is not None else 0
         return replace(self._stats, claim_round_trips=self._dedup.round_trips,
-                       in_flight=in_flight, dead_lettered=self._dead.routed)
+                       in_flight=in_flight, dead_lettered=self._dead.routed,
+                       lease_renewals=self._leases.renewals, leases_lost=self._leases.lost)
 
     def close(self) -> None:
         """Give back the claims held, leave the group (committing what is done), free the
@@ -157,6 +162,7 @@ class GuardedConsumer:
         self._closed = True
         try:
             self._drop_held(None)
+            self._leases.close()
             self._kafka.close()
         finally:
             self._sink.close()
@@ -193,15 +199,15 @@ class GuardedConsumer:
         ahead = follow is not None and not failed and not batch.busy
         prepared: list[Prepared[Any]] = [self._batch.prepare_done(ok)]
         if failed:
-            prepared.append(self._dedup.prepare_release([item.claim for item in failed]))
+            prepared.append(self._dedup.prepare_release(self._batch.let_go(failed)))
         if ahead and follow is not None:
             prepared.append(self._dedup.prepare_claim(follow.claims()))
         results = self._round_trip(prepared)  # Step 6 (and the next batch's Step 4).
         refused = self._batch.settle_done(ok, results[0])
         if refused:  # rare: effects refused; no claims are held ahead through the retries
-            give_back = [item.claim for item in refused]
+            give_back = self._batch.let_go(refused)
             if ahead and follow is not None:
-                give_back += follow.claims()
+                give_back += self._batch.let_go(follow.items)
                 ahead = False
             self._dedup.release(give_back)
         elif ahead and follow is not None:
@@ -258,6 +264,7 @@ class GuardedConsumer:
         self._stats.store_outages += 1
         msgs = [m for b in (self._claimed, self._next) if b is not None for m in b.msgs] + raw
         self._claimed = self._next = None
+        self._leases.drop_all()  # what was claimed is MINE when re-read
         first: dict[Partition, int] = {}
         for msg in msgs:
             tp, offset = (msg.topic() or "", msg.partition() or 0), msg.offset() or 0
@@ -286,7 +293,7 @@ class GuardedConsumer:
         if not held:
             return
         try:
-            self._dedup.release([item.claim for item in held])
+            self._dedup.release(self._batch.let_go(held))
         except StoreError as exc:
             log.warning("could not release %d claims (their lease will lapse): %s", len(held), exc)
 
