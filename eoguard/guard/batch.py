@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 _NEW, _MINE, _TAKEN_OVER = ClaimResult.NEW, ClaimResult.MINE, ClaimResult.TAKEN_OVER
 _BUSY, _DUPLICATE = ClaimResult.BUSY, ClaimResult.DONE
 _OK, _EFFECT_ERROR, _ABSENT = DoneResult.OK, DoneResult.EFFECT_ERROR, DoneResult.ABSENT
+_PARTIAL = DoneResult.PARTIAL
 
 
 @dataclass(slots=True)
@@ -58,6 +59,7 @@ class ConsumerStats:
     handled: int = 0
     duplicates: int = 0  # DONE at claim time: handled before (by this scope)
     fenced: int = 0  # handled here, but the done mark was refused (another owner finished)
+    partial_effects: int = 0  # effects failed midway: marked done, dead-lettered, needs repair
     expired: int = 0
     dead_lettered: int = 0
     retries: int = 0
@@ -261,6 +263,14 @@ class BatchProcessor:
             elif result is _EFFECT_ERROR:
                 item.error = ConsumerError(f"Redis effects refused: {report.details[i]}")
                 refused.append(item)
+            elif result is _PARTIAL:  # done already (never re-applied): no retry, report it
+                self.stats.partial_effects += 1
+                log.error("message %s: Redis effects partially applied, marked done and "
+                          "dead-lettered; repair by hand: %s", item.envelope.id,
+                          report.details[i])
+                self._dead.route(item.msg, reason=DeadLetterReason.PARTIAL_EFFECTS,
+                                 error_type="PartialEffects", error=report.details[i],
+                                 attempts=item.attempts, message_id=item.envelope.id)
             elif result is _ABSENT:
                 # Nothing was applied, so handling again is the only way not to lose it.
                 item.error = ConsumerError("the claim vanished before done (expired, forgotten "

@@ -31,6 +31,7 @@ class DeadLetterReason(enum.Enum):
     MALFORMED = "malformed"  # did not decode: envelope or payload
     HANDLER_FAILED = "handler-failed"  # failed past the retry budget
     EXPIRED = "expired"  # reached the scope after expires_at (when so configured)
+    PARTIAL_EFFECTS = "partial-effects"  # some Redis effects applied, then one failed: done
 
 
 class DeadLetterRouter:

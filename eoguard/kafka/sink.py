@@ -1,7 +1,9 @@
 """Produce records and wait until Kafka has them (acks=all): dead letters and handler outputs.
 
 The consumer calls :meth:`DeliverySink.flush` before it marks a batch done or commits past a
-dead-lettered record, so nothing it depends on is still only in librdkafka's memory.
+dead-lettered record, so nothing it depends on is still only in librdkafka's memory. Neither
+call blocks for long while Kafka is down: both raise :class:`BrokerUnavailableError` after a
+bound, and the consumer rewinds its batch instead of stalling.
 """
 
 from __future__ import annotations
@@ -12,17 +14,26 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from eoguard.errors import BrokerError, BrokerUnavailableError
+from eoguard.errors import BrokerError, BrokerUnavailableError, ConfigError
 
 
 class DeliverySink:
-    """A lazily created idempotent producer whose ``flush`` raises on any failed delivery."""
+    """A lazily created idempotent producer whose ``flush`` raises on any failed delivery.
 
-    def __init__(self, conf: Mapping[str, Any]) -> None:
+    ``produce_timeout_s`` bounds how long :meth:`produce` waits for room in librdkafka's full
+    local queue without a single delivery succeeding (Kafka down or unreachable); a queue that
+    drains, however slowly, keeps it waiting.
+    """
+
+    def __init__(self, conf: Mapping[str, Any], *, produce_timeout_s: float = 10.0) -> None:
+        if produce_timeout_s <= 0:
+            raise ConfigError(f"produce_timeout_s must be > 0, got {produce_timeout_s}")
         self._conf = dict(conf)
         self._producer: Producer | None = None
         self._failures: list[str] = []
+        self.produce_timeout_s = produce_timeout_s
         self.pending = 0
+        self._delivered = 0  # successful deliveries: progress while the queue is full
 
     def _client(self) -> Producer:
         if self._producer is None:
@@ -36,19 +47,35 @@ class DeliverySink:
         self.pending -= 1
         if err is not None:
             self._failures.append(f"{msg.topic()}: {err}")
+        else:
+            self._delivered += 1
 
     def produce(self, topic: str, value: bytes | None, key: bytes | None = None,
                 headers: Sequence[tuple[str, bytes]] | None = None) -> None:
-        """Queue one record; a full local queue is drained by serving delivery reports."""
+        """Queue one record; a full local queue is drained by serving delivery reports.
+
+        Raises :class:`BrokerUnavailableError` when the queue stays full for
+        ``produce_timeout_s`` with no record delivered meanwhile.
+        """
         producer = self._client()
+        deadline = 0.0
+        delivered = self._delivered
         while True:
             try:
                 producer.produce(topic, value=value, key=key, headers=list(headers or []),
                                  on_delivery=self._on_delivery)
                 self.pending += 1
                 return
-            except BufferError:
-                producer.poll(0.1)
+            except BufferError as exc:
+                now = time.monotonic()
+                if not deadline or self._delivered != delivered:  # first wait, or progress
+                    deadline, delivered = now + self.produce_timeout_s, self._delivered
+                elif now >= deadline:
+                    raise BrokerUnavailableError(
+                        f"producing to {topic}: the local queue stayed full ({self.pending} "
+                        f"record(s) pending) and Kafka took none for {self.produce_timeout_s} s"
+                    ) from exc
+                producer.poll(min(0.1, max(0.0, deadline - now)))
             except KafkaException as exc:
                 raise BrokerError(f"producing to {topic}: {exc}") from exc
 

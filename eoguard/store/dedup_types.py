@@ -47,6 +47,9 @@ class DoneResult(enum.Enum):
     ALREADY_DONE = 2
     EFFECT_ERROR = 3
     ABSENT = 4  # the claim vanished (TTL, forget, failover): nothing applied, claim again
+    # An effect failed after the check passed, midway: what came before it stays applied (Redis
+    # cannot roll back), so the key is marked done (fenced) and must never be retried.
+    PARTIAL = 5
 
 
 class ReleaseResult(enum.Enum):
@@ -112,7 +115,7 @@ class DoneReport(NamedTuple):
     """A batch's done results in claim order, without a tuple per message (hot path)."""
 
     results: list[DoneResult]
-    details: dict[int, str]  # per EFFECT_ERROR (by index): why the effects were refused
+    details: dict[int, str]  # per EFFECT_ERROR / PARTIAL (by index): why effects failed
 
     def outcomes(self, claims: Sequence[Claim]) -> list[DoneOutcome]:
         return [DoneOutcome(claim, result, self.details.get(i, ""))
