@@ -124,7 +124,7 @@ class GuardedConsumer:
         raw = self._consume(self.config.poll_timeout_s if waiting else 0.0)  # Step 1.
         consumed = len(raw)
         try:
-            if raw:
+            if raw and self._claimed is None:
                 self._absorb(raw)
                 raw = []
             if self._claimed is None and self._next is not None:
@@ -141,7 +141,8 @@ class GuardedConsumer:
             if self._claimed is None:  # nothing to handle (or a rebalance took it)
                 self._when_idle()
                 return consumed
-            self._step()
+            self._step(raw)
+            raw = []
         except (StoreError, BrokerError, DeadLetterError) as exc:
             self._rewind(raw, exc)
         else:
@@ -191,8 +192,9 @@ class GuardedConsumer:
         else:
             self._next.extend(batch)
 
-    def _step(self) -> None:
-        """Steps 5-8 for the claimed batch; the next batch's Step 4 rides with Step 6."""
+    def _step(self, raw: list[Message]) -> None:
+        """Steps 5-8 for the claimed batch; the next batch's Step 4 rides with Step 6, and
+        ``raw`` (consumed after it) is decoded while that round trip is in flight."""
         batch, follow = self._claimed, self._next
         assert batch is not None
         ok, failed = self._batch.handle(batch.items)  # Steps 5 and 6 (outputs).
@@ -202,7 +204,11 @@ class GuardedConsumer:
             prepared.append(self._dedup.prepare_release(self._batch.let_go(failed)))
         if ahead and follow is not None:
             prepared.append(self._dedup.prepare_claim(follow.claims()))
-        results = self._round_trip(prepared)  # Step 6 (and the next batch's Step 4).
+        flight = self._send(prepared)  # Step 6 (and the next batch's Step 4) ...
+        try:
+            later = self._batch.decode(raw) if raw else None  # ... while Redis runs it: 2-3
+        finally:
+            results = flight()  # read even when decoding failed: the connection goes back
         refused = self._batch.settle_done(ok, results[0])
         if refused:  # rare: effects refused; no claims are held ahead through the retries
             give_back = self._batch.let_go(refused)
@@ -219,18 +225,31 @@ class GuardedConsumer:
         self._claimed = follow if ahead else None
         if ahead:
             self._next = None
+        if later is not None:
+            if self._next is None:
+                self._next = later
+            else:
+                self._next.extend(later)
 
     def _round_trip(self, prepared: list[Prepared[Any]]) -> list[Any]:
         """One Redis round trip for ``prepared``, with the liveness heartbeat when due."""
+        return self._send(prepared)()
+
+    def _send(self, prepared: list[Prepared[Any]]) -> Callable[[], list[Any]]:
+        """Send :meth:`_round_trip`'s calls; the function returned reads their replies."""
         beat = time.monotonic() >= self._beat_at
         if beat:
             prepared = [*prepared, self._liveness.prepare_heartbeat(self.instance_id,
                                                                     self._lease_ms)]
-        results = self._dedup.run(prepared)
-        if beat:
-            self._beat_at = time.monotonic() + self.config.lease_s / 3
-            results.pop()
-        return results
+        flight = self._dedup.send(prepared)
+
+        def replies() -> list[Any]:
+            results = flight.wait()
+            if beat:
+                self._beat_at = time.monotonic() + self.config.lease_s / 3
+                results.pop()
+            return results
+        return replies
 
     def _commit(self, ends: dict[Partition, int]) -> None:
         if not ends:

@@ -29,7 +29,7 @@ from eoguard.store.dedup_types import (
     owner_token,
 )
 from eoguard.store.keys import KeySpace
-from eoguard.store.scripts import Prepared, ScriptArg, ScriptCall, Scripts
+from eoguard.store.scripts import InFlight, Prepared, ScriptArg, ScriptCall, Scripts
 
 __all__ = [
     "Claim",
@@ -159,16 +159,18 @@ class DedupStore:
             calls.append(ScriptCall("dedup_done", keys, argv))
         calls += extra
 
+        with_reason = (_EFFECT_ERROR_CODE, 48 + DoneResult.PARTIAL.value)
+
         def parse(replies: list[Any]) -> DoneReport:
             results: list[Any] = [None] * len(claims)
             details: dict[int, str] = {}
             for (members, _), (codes, reasons) in zip(groups.values(), replies, strict=False):
                 for i, code in zip(members, codes, strict=True):
                     results[i] = _DONE[code - 48]
-                if reasons:
+                if reasons:  # one per EFFECT_ERROR or PARTIAL, in order
                     reason = iter(reasons)
                     for i, code in zip(members, codes, strict=True):
-                        if code == _EFFECT_ERROR_CODE:
+                        if code in with_reason:
                             details[i] = next(reason).decode()
             return DoneReport(results, details)
 
@@ -207,6 +209,13 @@ class DedupStore:
         if any(p.calls for p in prepared):
             self.round_trips += 1
         return self._scripts.run_prepared(prepared, doing=doing)
+
+    def send(self, prepared: Sequence[Prepared[Any]], doing: str = "claiming and marking done"
+             ) -> InFlight:
+        """As :meth:`run`, but returns once the calls are sent: ``.wait()`` reads the replies."""
+        if any(p.calls for p in prepared):
+            self.round_trips += 1
+        return self._scripts.send_prepared(prepared, doing=doing)
 
     # Inspection ------------------------------------------------------------
     def check(self, message_id: str) -> DedupEntry | None:

@@ -115,6 +115,34 @@ class Scripts:
             start = end
         return out
 
+    def send_prepared(self, prepared: Sequence[Prepared[Any]], *,
+                      doing: str = "running scripts") -> InFlight:
+        """Send every prepared call now and read the replies later (:meth:`InFlight.wait`):
+        the caller works meanwhile while Redis runs them. One round trip, as
+        :meth:`run_prepared`; a cluster client runs them at once instead."""
+        calls = [call for p in prepared for call in p.calls]
+        flight = InFlight(self, prepared, calls, doing)
+        pool = getattr(self._client, "connection_pool", None)
+        if not calls or pool is None:  # RedisCluster routes per node: no raw connection
+            flight.replies = self.run(calls, doing=doing)
+            return flight
+        try:
+            conn = pool.get_connection()
+        except redis.RedisError as exc:
+            raise wrap_redis_error(exc, doing) from exc
+        try:
+            conn.send_packed_command(conn.pack_commands(
+                [("EVALSHA", lua_script(c.script).sha, len(c.keys), *c.keys, *c.args)
+                 for c in calls]))
+        except BaseException as exc:
+            conn.disconnect()
+            pool.release(conn)
+            if isinstance(exc, redis.RedisError):
+                raise wrap_redis_error(exc, doing) from exc
+            raise
+        flight.conn, flight.pool = conn, pool
+        return flight
+
     def execute(self, pipe: Any, *, doing: str, raise_on_error: bool = True) -> list[Any]:
         """Execute a pipeline, wrapping redis-py errors at the boundary."""
         try:
@@ -127,3 +155,53 @@ class Scripts:
             self._client.script_load(lua_script(name).source)
         except redis.RedisError as exc:
             raise wrap_redis_error(exc, f"loading {name}.lua") from exc
+
+
+class InFlight:
+    """Script calls sent on a connection of their own, their replies not read yet."""
+
+    def __init__(self, scripts: Scripts, prepared: Sequence[Prepared[Any]],
+                 calls: list[ScriptCall], doing: str) -> None:
+        self._scripts, self._prepared, self._calls, self._doing = scripts, prepared, calls, doing
+        self.replies: list[Any] | None = None
+        self.conn: Any = None
+        self.pool: Any = None
+
+    def wait(self) -> list[Any]:
+        """Each prepared's parsed replies, in order; raises as :meth:`Scripts.run` does.
+
+        Calls answered NOSCRIPT (a restarted server) are loaded and run again, as in
+        :meth:`Scripts.run`; every script is safe to run again."""
+        if self.replies is None:
+            self.replies = self._read()
+        out, start = [], 0
+        for p in self._prepared:
+            end = start + len(p.calls)
+            out.append(p.parse(self.replies[start:end]))
+            start = end
+        return out
+
+    def _read(self) -> list[Any]:
+        conn, calls = self.conn, self._calls
+        replies: list[Any] = []
+        try:
+            for _ in calls:
+                try:
+                    replies.append(conn.read_response())
+                except redis.ResponseError as exc:  # one call's error: the others still answer
+                    replies.append(exc)
+        except redis.RedisError as exc:
+            conn.disconnect()
+            raise wrap_redis_error(exc, self._doing) from exc
+        finally:
+            self.pool.release(conn)
+            self.conn = None
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        for i, reply in enumerate(replies):
+            if isinstance(reply, Exception) and i not in missing:
+                raise wrap_redis_error(reply, f"{self._doing} ({calls[i].script})") from reply
+        if missing:
+            again = self._scripts.run([calls[i] for i in missing], doing=self._doing)
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
+        return replies
