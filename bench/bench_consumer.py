@@ -27,12 +27,11 @@ from collections.abc import Callable
 
 import redis
 from confluent_kafka import Consumer
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from eoguard.codec import EnvelopeCodec, PayloadCodec
 from eoguard.config import ConsumerConfig, RedisConfig
 from eoguard.guard.consumer import GuardedConsumer
-from eoguard.stack import LocalStack
+from eoguard.stack import LocalStack, create_topics
 from eoguard.store.keys import KeySpace
 from tests.consumer_kit import envelope, produce
 
@@ -42,9 +41,7 @@ PAYLOADS = PayloadCodec()
 
 def make_topic(bootstrap: str, partitions: int) -> str:
     name = f"bench-consumer-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])[name] \
-        .result(timeout=30)
+    create_topics(bootstrap, {name: partitions})
     return name
 
 

@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 import redis
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from eoguard.errors import StackError
-from eoguard.stack import Endpoints, LocalStack, spark_jars
+from eoguard.stack import Endpoints, LocalStack, create_topics, spark_jars
 from eoguard.stack.kafka_broker import KafkaBroker, broker_answers
 from eoguard.stack.redis_server import RedisServer
 
@@ -93,13 +92,9 @@ def key_prefix() -> str:
 @pytest.fixture
 def new_topic(kafka_bootstrap: str) -> Callable[..., str]:
     """Create a fresh topic (default 4 partitions) and return its name."""
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-
     def make(partitions: int = 4, prefix: str = "t") -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:12]}"
-        topic = NewTopic(name, num_partitions=partitions, replication_factor=1)
-        futures = admin.create_topics([topic])
-        futures[name].result(timeout=30)
+        create_topics(kafka_bootstrap, {name: partitions})
         return name
 
     return make

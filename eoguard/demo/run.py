@@ -20,16 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 
 from eoguard.demo import observe
 from eoguard.demo.inject import Injected, inject
 from eoguard.demo.plan import ORDER_SCHEMA, DemoOptions, RunDir, RunNames, spark_available
 from eoguard.demo.procs import Worker, spawn
 from eoguard.demo.report import DemoReport, check, scope_result
-from eoguard.errors import DemoError
-from eoguard.stack import Endpoints, LocalStack
+from eoguard.errors import BrokerError, DemoError
+from eoguard.stack import Endpoints, LocalStack, create_topics
 from eoguard.stack.paths import repo_root
 from eoguard.store.keys import KeySpace
 
@@ -93,15 +91,11 @@ class Demo:
             "--master", "local[2]", "--lease-s", "60", "--busy-wait-s", "20"], cwd=repo_root())
 
     def _create_topics(self, bootstrap: str) -> None:
-        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
-        futures = admin.create_topics([
-            NewTopic(self.names.topic, num_partitions=self.options.partitions, replication_factor=1),
-            NewTopic(self.names.dead_letter_topic, num_partitions=1, replication_factor=1)])
-        for name, future in futures.items():
-            try:
-                future.result(timeout=30)
-            except Exception as exc:  # KafkaException carries the reason
-                raise DemoError(f"cannot create topic {name} at {bootstrap}: {exc}") from exc
+        try:
+            create_topics(bootstrap, {self.names.topic: self.options.partitions,
+                                      self.names.dead_letter_topic: 1})
+        except BrokerError as exc:
+            raise DemoError(str(exc)) from exc
 
     # The run ---------------------------------------------------------------------------
     def run(self) -> DemoReport:

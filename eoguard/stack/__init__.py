@@ -2,5 +2,6 @@
 
 from eoguard.stack.jars import resolve, spark_jars
 from eoguard.stack.local import Endpoints, LocalStack
+from eoguard.stack.topics import create_topics
 
-__all__ = ["Endpoints", "LocalStack", "resolve", "spark_jars"]
+__all__ = ["Endpoints", "LocalStack", "create_topics", "resolve", "spark_jars"]

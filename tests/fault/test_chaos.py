@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import redis
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from eoguard.config import ProducerConfig, RedisConfig
 from eoguard.demo import observe
@@ -25,6 +24,7 @@ from eoguard.demo.inject import inject
 from eoguard.demo.procs import Worker, spawn
 from eoguard.envelope import now_ms
 from eoguard.guard.producer import GuardedProducer
+from eoguard.stack import create_topics
 from eoguard.stack.kafka_broker import KafkaBroker
 from eoguard.stack.redis_server import RedisServer
 from eoguard.store.keys import KeySpace
@@ -73,10 +73,7 @@ def test_every_process_killed_at_random_keeps_section_10(
     run = uuid.uuid4().hex[:8]
     topic, dlq, scope, prefix = f"chaos-{run}", f"chaos-{run}.dlq", "chaos", f"chaos{run}"
     keys = KeySpace(prefix=prefix)
-    admin = AdminClient({"bootstrap.servers": private_kafka.address})
-    for future in admin.create_topics([NewTopic(topic, num_partitions=4, replication_factor=1),
-                                       NewTopic(dlq, num_partitions=1, replication_factor=1)]).values():
-        future.result(timeout=30)
+    create_topics(private_kafka.address, {topic: 4, dlq: 1})
     injected = inject(private_kafka.address, topic, expired=EXPIRED)
     ledgers = Ledgers(tmp_path)
     common = ["--bootstrap", private_kafka.address, "--redis-url", private_redis.address,
