@@ -296,7 +296,7 @@ class ConsumerConfig:
         if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) \
                 or self.max_retries < 0:
             raise ConfigError(f"max_retries must be an integer >= 0, got {self.max_retries!r}")
-        max_poll_s = int(self.kafka.get("max.poll.interval.ms", 300_000)) / 1000
+        max_poll_s = self.max_poll_interval_s
         if self.busy_wait_s + self.lease_s >= max_poll_s:
             raise ConfigError(f"busy_wait_s + lease_s ({self.busy_wait_s + self.lease_s} s) must "
                               f"stay below max.poll.interval.ms ({max_poll_s} s)")
@@ -304,6 +304,12 @@ class ConsumerConfig:
             raise ConfigError("dead_letter_topic must be non-empty when given")
         if self.instance_id is not None and not self.instance_id:
             raise ConfigError("instance_id must be non-empty when given")
+
+    @property
+    def max_poll_interval_s(self) -> float:
+        """librdkafka's ``max.poll.interval.ms``: past it the group evicts a stalled consumer,
+        so claims are not renewed for longer than that either."""
+        return int(self.kafka.get("max.poll.interval.ms", 300_000)) / 1000
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__dataclass_fields__

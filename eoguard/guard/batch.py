@@ -46,7 +46,7 @@ from eoguard.store.scripts import Prepared
 log = logging.getLogger(__name__)
 
 _NEW, _MINE, _TAKEN_OVER = ClaimResult.NEW, ClaimResult.MINE, ClaimResult.TAKEN_OVER
-_BUSY, _DUPLICATE = ClaimResult.BUSY, ClaimResult.DONE
+_BUSY, _DUPLICATE, _PARTIAL_DONE = ClaimResult.BUSY, ClaimResult.DONE, ClaimResult.PARTIAL
 _OK, _EFFECT_ERROR, _ABSENT = DoneResult.OK, DoneResult.EFFECT_ERROR, DoneResult.ABSENT
 _PARTIAL = DoneResult.PARTIAL
 
@@ -179,6 +179,9 @@ class BatchProcessor:
                 batch.lease_left_ms.append(report.lease_ms[i])
             elif result is _DUPLICATE:
                 self.stats.duplicates += 1
+            elif result is _PARTIAL_DONE:  # our own PARTIAL, re-read before its dead letter
+                self._partial(item, "effects partially applied by an earlier attempt of this "
+                                    "record (re-read before its dead letter was sent)")
             else:
                 self._expired(item.msg, item.envelope)
         batch.items = mine
@@ -264,13 +267,7 @@ class BatchProcessor:
                 item.error = ConsumerError(f"Redis effects refused: {report.details[i]}")
                 refused.append(item)
             elif result is _PARTIAL:  # done already (never re-applied): no retry, report it
-                self.stats.partial_effects += 1
-                log.error("message %s: Redis effects partially applied, marked done and "
-                          "dead-lettered; repair by hand: %s", item.envelope.id,
-                          report.details[i])
-                self._dead.route(item.msg, reason=DeadLetterReason.PARTIAL_EFFECTS,
-                                 error_type="PartialEffects", error=report.details[i],
-                                 attempts=item.attempts, message_id=item.envelope.id)
+                self._partial(item, report.details[i])
             elif result is _ABSENT:
                 # Nothing was applied, so handling again is the only way not to lose it.
                 item.error = ConsumerError("the claim vanished before done (expired, forgotten "
@@ -340,6 +337,17 @@ class BatchProcessor:
             self._dead.route(msg, reason=DeadLetterReason.EXPIRED, error_type="Expired",
                              error=f"expired at {envelope.expires_at_ms}",
                              message_id=envelope.id)
+
+    def _partial(self, item: Inbound, detail: str) -> None:
+        """Dead-letter a message whose effects were partially applied (its key says "p"): it is
+        never handled again; if its dead letter is lost to a rewind or a crash, the re-read
+        finds the key PARTIAL (ours) and dead-letters it again."""
+        self.stats.partial_effects += 1
+        log.error("message %s: Redis effects partially applied, marked done and dead-lettered; "
+                  "repair by hand: %s", item.envelope.id, detail)
+        self._dead.route(item.msg, reason=DeadLetterReason.PARTIAL_EFFECTS,
+                         error_type="PartialEffects", error=detail, attempts=item.attempts,
+                         message_id=item.envelope.id)
 
     def _give_up(self, item: Inbound) -> None:
         error = item.error

@@ -6,8 +6,10 @@ Per batch (:meth:`GuardedConsumer.poll_once`; the steps' work lives in :mod:`eog
   Step 2. Decode envelope and payload; a malformed record goes to the dead-letter topic at once.
   Step 3. Drop expired messages: counted, dead-lettered when configured.
   Step 4. Claim the batch in Redis: one script call per hash slot. The owner is the record's
-          source position, so a redelivered record re-owns its claim (MINE).
-  Step 5. Run the handler on NEW / MINE / TAKEN_OVER; DONE is a duplicate and is skipped.
+          source position as this group reads it (scope|group|topic|partition|offset), so a
+          record redelivered to the group re-owns its claim (MINE).
+  Step 5. Run the handler on NEW / MINE / TAKEN_OVER; DONE is a duplicate and is skipped;
+          PARTIAL (our own earlier attempt left effects half applied) is dead-lettered.
   Step 6. Produce the handlers' outputs (acks=all); then mark done, fenced, with the Redis
           effects in the same script, and acknowledge the senders' outbox records.
   Step 7. A failed message releases its claim and goes back to Step 4 after a backoff; past
@@ -29,9 +31,12 @@ lease) is reported by the done mark (fenced, never doubled).
 
 Redis (or Kafka, for outputs and dead letters) failing in Steps 4-8: nothing more is committed,
 the partitions are rewound to the first offsets held and re-read after a backoff; what was
-done before the failure is then DONE, what was claimed is MINE. A record may be dead-lettered
-twice. Rebalances run inside Step 1, when no round trip is in flight: the claims held on
-revoked partitions are released, their records forgotten, and what is done is committed.
+done before the failure is then DONE, what was claimed is MINE. A rewind whose seek failed
+holds back every record read past it until a retried seek takes (:mod:`eoguard.guard.rewind`).
+A record may be dead-lettered twice. Rebalances run inside Step 1, when no round trip is in
+flight: the claims held on revoked partitions are released, their records forgotten, and what
+is done is committed; on lost partitions (another member may hold the same claims already)
+the claims are only no longer renewed.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from eoguard.guard.batch import Batch, BatchProcessor, ConsumerStats
 from eoguard.guard.dead_letter import DeadLetterRouter
 from eoguard.guard.handler import BatchHandler, ContextEnv, Handler
 from eoguard.guard.lease import LeaseKeeper
+from eoguard.guard.rewind import Rewinds
 from eoguard.kafka.consumer import KafkaConsumer, Partition
 from eoguard.kafka.sink import DeliverySink
 from eoguard.store.client import RedisClient
@@ -90,7 +96,8 @@ class GuardedConsumer:
             f"{config.scope}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}")
         env = ContextEnv(config.scope, config.keyspace, isinstance(self._redis, RedisCluster),
                          self.instance_id, EnvelopeCodec(registry), PayloadCodec(registry))
-        self._leases = LeaseKeeper(self._dedup, interval_s=config.lease_s / 3)
+        self._leases = LeaseKeeper(self._dedup, interval_s=config.lease_s / 3,
+                                   max_hold_s=config.max_poll_interval_s)
         self._batch = BatchProcessor(config, dedup=self._dedup, outbox=self._outbox,
                                      sink=self._sink, dead=self._dead, env=env,
                                      leases=self._leases, handler=handler,
@@ -104,6 +111,7 @@ class GuardedConsumer:
         self._closed = False
         self._kafka = KafkaConsumer(config.kafka_config())
         self._kafka.subscribe(config.topics, on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self._rewinds = Rewinds(self._kafka)  # rewinds not taken yet: nothing passes them
 
     # Public API ------------------------------------------------------------------------
     def run(self, stop: threading.Event | Callable[[], bool] | None = None) -> None:
@@ -181,6 +189,8 @@ class GuardedConsumer:
     # The pipeline ------------------------------------------------------------------------
     def _consume(self, timeout_s: float) -> list[Message]:
         msgs = self._kafka.consume(self.config.batch_size, timeout_s)
+        if self._rewinds:
+            msgs = self._rewinds.admit(msgs)
         self._stats.polled += len(msgs)
         return msgs
 
@@ -291,15 +301,12 @@ class GuardedConsumer:
         cfg = self.config
         self._outage_s = min(max(self._outage_s * 2, cfg.retry_backoff_s), cfg.retry_backoff_max_s)
         log.warning("batch not committed (%s); re-reading it in %.2f s", exc, self._outage_s)
-        try:
-            self._kafka.seek(first)
-        except BrokerError as seek_exc:
-            log.warning("rewind failed (%s); the uncommitted batch is re-read after a "
-                        "rebalance or restart", seek_exc)
+        self._rewinds.rewind(first)
         time.sleep(self._outage_s)
 
-    def _drop_held(self, partitions: set[Partition] | None) -> None:
-        """Forget the records held of ``partitions`` (None: all) and release their claims."""
+    def _drop_held(self, partitions: set[Partition] | None, *, release: bool = True) -> None:
+        """Forget the records held of ``partitions`` (None: all) and release their claims
+        (unless ``release`` is false: they stop being renewed and lapse)."""
         claimed, ahead = self._claimed, self._next
         held = []
         if claimed is not None:
@@ -309,10 +316,15 @@ class GuardedConsumer:
             if partitions is not None:
                 ahead.drop(partitions)
             self._next = None if partitions is None or not ahead.msgs else ahead
+        if partitions is not None:
+            self._rewinds.forget(partitions)
         if not held:
             return
+        claims = self._batch.let_go(held)
+        if not release:
+            return
         try:
-            self._dedup.release(self._batch.let_go(held))
+            self._dedup.release(claims)
         except StoreError as exc:
             log.warning("could not release %d claims (their lease will lapse): %s", len(held), exc)
 
@@ -331,4 +343,7 @@ class GuardedConsumer:
             self._unconfirmed = False
 
     def _on_lost(self, partitions: list[Partition]) -> None:
-        self._drop_held(set(partitions))
+        # Lost (session timeout): another member of the group may already read them, with
+        # the same owner tokens, and hold these very claims as MINE: releasing would delete
+        # its claims. Ours just stop being renewed.
+        self._drop_held(set(partitions), release=False)

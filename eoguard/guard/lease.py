@@ -7,12 +7,17 @@ claims over and handle them a second time. :class:`LeaseKeeper` renews every hel
 and moves the deadline. The consumer tells it what it holds (:meth:`hold`) and what it no
 longer holds (:meth:`drop`, before a done mark or a release): a renewal is then never sent
 for a claim given back. One landing after a done mark finds DONE and writes nothing.
+
+Renewal stops after ``max_hold_s`` (the consumer's ``max.poll.interval.ms``): a handler hung
+that long has lost its partitions to the group, and its claims must lapse so the record's new
+reader, or a duplicate elsewhere, can take them over instead of skipping them as BUSY.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable
 
 from eoguard.errors import StoreError
@@ -26,11 +31,13 @@ _KEPT = (ClaimResult.NEW, ClaimResult.MINE, ClaimResult.TAKEN_OVER)
 class LeaseKeeper:
     """Renews the held claims of one consumer every ``interval_s`` until closed."""
 
-    def __init__(self, dedup: DedupStore, *, interval_s: float, name: str = "eoguard-lease"
-                 ) -> None:
+    def __init__(self, dedup: DedupStore, *, interval_s: float, max_hold_s: float,
+                 name: str = "eoguard-lease") -> None:
         self._dedup = dedup
         self._interval_s = interval_s
-        self._held: dict[str, Claim] = {}  # by owner token: one record, one claim
+        self._max_hold_s = max_hold_s
+        # by owner token (one record, one claim): the claim and when it was first held
+        self._held: dict[str, tuple[Claim, float]] = {}
         self._lock = threading.Lock()  # held while a renewal is in flight: drop() waits for it
         self._stop = threading.Event()
         self.renewals = 0  # round trips sent
@@ -39,9 +46,12 @@ class LeaseKeeper:
         self._thread.start()
 
     def hold(self, claims: Iterable[Claim]) -> None:
+        now = time.monotonic()
         with self._lock:
+            held = self._held
             for claim in claims:
-                self._held[claim.owner] = claim
+                if claim.owner not in held:
+                    held[claim.owner] = (claim, now)
 
     def drop(self, claims: Iterable[Claim]) -> None:
         """Stop renewing ``claims``; returns once no renewal of them can still be sent."""
@@ -64,7 +74,12 @@ class LeaseKeeper:
     def renew(self) -> None:
         """Renew every held claim now (one round trip); the thread calls it on its schedule."""
         with self._lock:
-            claims = list(self._held.values())
+            stale = time.monotonic() - self._max_hold_s
+            claims = [claim for claim, since in self._held.values() if since > stale]
+            if len(claims) < len(self._held):
+                log.warning("%d claims held past max.poll.interval.ms (a stalled handler): no "
+                            "longer renewed", len(self._held) - len(claims))
+                self._held = {claim.owner: self._held[claim.owner] for claim in claims}
             if not claims:
                 return
             self.renewals += 1

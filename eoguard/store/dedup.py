@@ -235,8 +235,10 @@ class DedupStore:
 
     def forget(self, message_id: str) -> bool:
         """Delete the dedup key of ``message_id`` so this scope handles it again if it comes
-        back (``eoguard dedup forget``); True when there was a key. A consumer holding the
-        claim then finds its done mark refused (NOT_OWNED), never a double effect."""
+        back (``eoguard dedup forget``); True when there was a key. A consumer still holding
+        the claim finds its done mark ABSENT (nothing applied) and claims and handles it
+        again; if its lease renewal re-created the claim first, its done mark succeeds.
+        Either way a transactional handler's effects apply once."""
         pipe: Any = self.client.pipeline(transaction=False)
         pipe.delete(self.key(message_id))
         self.round_trips += 1

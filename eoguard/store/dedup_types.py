@@ -32,6 +32,7 @@ class ClaimResult(enum.Enum):
     BUSY = 3
     TAKEN_OVER = 4
     EXPIRED = 5
+    PARTIAL = 6  # done with partial effects by this same owner: dead-letter it, do not handle
 
     @property
     def should_handle(self) -> bool:
@@ -65,6 +66,7 @@ class DedupState(enum.Enum):
 
     CLAIMED = "c"
     DONE = "d"
+    PARTIAL = "p"  # done, its Redis effects partially applied (DoneResult.PARTIAL)
 
 
 def owner_token(scope: str, reader: str, topic: str, partition: int, offset: int) -> str:

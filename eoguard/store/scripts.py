@@ -190,9 +190,11 @@ class InFlight:
                     replies.append(conn.read_response())
                 except redis.ResponseError as exc:  # one call's error: the others still answer
                     replies.append(exc)
-        except redis.RedisError as exc:
+        except BaseException as exc:  # replies left unread would answer the next user
             conn.disconnect()
-            raise wrap_redis_error(exc, self._doing) from exc
+            if isinstance(exc, redis.RedisError):
+                raise wrap_redis_error(exc, self._doing) from exc
+            raise
         finally:
             self.pool.release(conn)
             self.conn = None

@@ -16,6 +16,8 @@ import redis
 
 from eoguard.guard.consumer import GuardedConsumer
 from eoguard.guard.handler import HandlerContext
+from eoguard.store.dedup import Claim, ClaimResult, DedupStore, DoneResult, Effect, owner_token
+from eoguard.store.keys import KeySpace
 from tests.consumer_kit import CODEC, consumer_config, drain, envelope, headers_of, produce, read_all
 
 pytestmark = pytest.mark.integration
@@ -72,3 +74,43 @@ def test_partial_effects_are_dead_lettered_once_and_the_rest_handled(
     # Every counter once, the poison's included: its INCR was applied once and never again.
     assert {mid: redis_client.get(key) for mid, key in counters.items()} == \
         {e.id: b"1" for e in envs}
+
+
+def test_a_partial_whose_dead_letter_was_lost_is_dead_lettered_on_re_read(
+        no_sadd_client: redis.Redis, redis_client: redis.Redis, kafka_bootstrap: str,
+        redis_url: str, key_prefix: str, new_topic) -> None:
+    # A consumer of group g marked record 0 PARTIAL and died before its dead letter was sent
+    # (nor its offset committed). The next consumer of g re-reads record 0: it must dead-letter
+    # it without running the handler; another group's consumer of the scope skips it as DONE.
+    topic, dead = new_topic(1), new_topic(1, prefix="dlq")
+    envs = [envelope(b"m%d" % i) for i in range(3)]
+    produce(kafka_bootstrap, topic, envs)
+    group = f"g-{key_prefix}"
+    store = DedupStore(no_sadd_client, scope="app", keys=KeySpace(prefix=key_prefix))
+    claim = Claim(envs[0].id, owner_token("app", group, topic, 0, 0), envs[0].expires_at_ms)
+    assert store.claim([claim])[0].result is ClaimResult.NEW
+    effects = {envs[0].id: [Effect("INCRBY", store.effect_key(envs[0].id, "n"), (1,)),
+                            Effect("SADD", store.effect_key(envs[0].id, "s"), ("x",))]}
+    assert store.done([claim], effects)[0].result is DoneResult.PARTIAL
+    seen: dict[str, list[str]] = {group: [], "other": []}
+    for name, handled_here in seen.items():
+        config = consumer_config(kafka_bootstrap, redis_url, [topic], prefix=key_prefix,
+                                 group=group if name == group else f"other-{key_prefix}",
+                                 dead_letter_topic=dead, ack_outbox=False)
+        consumer = GuardedConsumer(config, handler=lambda ctx, out=handled_here:
+                                   out.append(ctx.message_id))
+        try:
+            drain([consumer], lambda c=consumer: c.stats().polled >= len(envs))
+            stats = consumer.stats()
+        finally:
+            consumer.close()
+        print(f"{name}: handled={stats.handled} partial={stats.partial_effects} "
+              f"duplicates={stats.duplicates}")
+        if name == group:
+            assert (stats.handled, stats.partial_effects) == (2, 1)
+        else:
+            assert (stats.handled, stats.partial_effects, stats.duplicates) == (0, 0, 3)
+    assert seen == {group: [envs[1].id, envs[2].id], "other": []}
+    letters = read_all(kafka_bootstrap, dead, 1)
+    assert [CODEC.decode(m.value()).id for m in letters] == [envs[0].id]
+    assert redis_client.get(store.effect_key(envs[0].id, "n")) == b"1"  # never re-applied

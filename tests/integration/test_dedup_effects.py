@@ -20,6 +20,7 @@ from eoguard.store.dedup import (
     DoneOutcome,
     DoneResult,
     Effect,
+    ReleaseResult,
     owner_token,
 )
 from eoguard.store.keys import KeySpace
@@ -246,9 +247,13 @@ def test_a_midway_failure_is_partial_marked_done_and_never_reapplied(
     assert "can't run this command" in outcome.detail
     assert "1 before it stay applied" in outcome.detail
     assert redis_client.get(k["a"]) == b"1"
-    assert state_of(store, claim) is DedupState.DONE
-    # The consumer dead-letters it; a redelivery or a retry finds it done, applies nothing.
-    assert store.claim([claim])[0].result is ClaimResult.DONE
+    assert state_of(store, claim) is DedupState.PARTIAL
+    # The consumer dead-letters it; a redelivery to the same owner is told PARTIAL (dead-letter
+    # it again, in case that was lost), anyone else DONE; nothing is ever applied again.
+    assert store.claim([claim])[0].result is ClaimResult.PARTIAL
+    other = claim._replace(owner=claim.owner + "0")
+    assert store.claim([other])[0].result is ClaimResult.DONE
+    assert store.release([claim])[0] is ReleaseResult.ALREADY_DONE
     assert done_one(store, claim, effects).result is DoneResult.ALREADY_DONE
     assert redis_client.get(k["a"]) == b"1"
     # A failing first command applied nothing: EFFECT_ERROR, claim kept.

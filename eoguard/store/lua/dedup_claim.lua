@@ -3,7 +3,8 @@
 -- KEYS[i]      = dedup key of message i (KeySpace.dedup(scope, id)); all in one hash slot
 -- ARGV[1]      = lease length in ms (the deadline is taken from the server clock: TIME)
 -- ARGV[2]      = grace in ms: the key of message i expires at expires_at + grace
--- ARGV[1+2i]   = owner token of message i: its source position "scope|topic|partition|offset"
+-- ARGV[1+2i]   = owner token of message i: its source position as its reader sees it,
+--                "scope|reader|topic|partition|offset"
 -- ARGV[2+2i]   = expires_at + grace of message i, epoch ms: its key's PXAT (computed by the
 --                caller so this loop formats no number per key)
 -- returns      = {codes, busy_ms}: codes is a string with one digit per key, in KEYS order;
@@ -14,10 +15,13 @@
 --                3 BUSY        claimed by another owner whose lease is live
 --                4 TAKEN_OVER  claimed by another owner whose lease lapsed -> now ours
 --                5 EXPIRED     expires_at has passed by the server clock; nothing written
+--                6 PARTIAL     done with partially applied effects (dedup_done.lua), by this same
+--                              owner: re-read before its dead letter was sent; to others DONE
 --
 -- Value layout (a compact string, owner last because the owner contains '|'):
 --   "c|<lease_deadline_ms>|<owner>"   claimed
 --   "d|<done_at_ms>|<owner>"          done
+--   "p|<done_at_ms>|<owner>"          done, its effects partially applied (to dead-letter)
 -- A new key gets PXAT expires_at + grace; later transitions keep the TTL (KEEPTTL).
 
 local t = redis.call('TIME')
@@ -41,8 +45,11 @@ for i = 1, #KEYS do
     local value = redis.call('GET', key)
     local sep = string.find(value, '|', 3, true)
     local held_until = tonumber(string.sub(value, 3, sep - 1))
-    if string.sub(value, 1, 1) == 'd' then
+    local state = string.sub(value, 1, 1)
+    if state == 'd' then
       code = 2
+    elseif state == 'p' then
+      code = string.sub(value, sep + 1) == owner and 6 or 2
     elseif string.sub(value, sep + 1) == owner then
       redis.call('SET', key, claimed, 'KEEPTTL')
       code = 1

@@ -27,7 +27,9 @@
 --                5 PARTIAL       a later command failed although the check passed (an ACL,
 --                                a case the check does not model): the ones before it ARE
 --                                applied and Redis cannot roll them back, so the key is marked
---                                done (fenced: never applied again); the caller must not retry
+--                                done as "p|<at_ms>|<owner>" (fenced: never applied again; the
+--                                claim script answers PARTIAL to this owner, DONE to others) and
+--                                the caller dead-letters it instead of retrying
 --
 -- The key becomes "d|<done_at_ms>|<owner>" with its TTL kept. Without effects that is one
 -- SET ... XX KEEPTTL GET, put back at once (same script, so nobody sees it) when the old value
@@ -41,7 +43,8 @@
 
 local function fence(value, owner)
   if not value then return 4 end
-  if string.sub(value, 1, 1) == 'd' then return 2 end
+  local state = string.sub(value, 1, 1)
+  if state == 'd' or state == 'p' then return 2 end
   local sep = string.find(value, '|', 3, true)
   return string.sub(value, sep + 1) == owner and 0 or 1
 end
@@ -320,7 +323,7 @@ local function effects_apply()
         if c == 1 then -- a failed command writes nothing
           return 3, failed .. '; nothing applied'
         end
-        redis.call('SET', key, done, 'KEEPTTL')
+        redis.call('SET', key, 'p' .. string.sub(done, 2), 'KEEPTTL')
         return 5, failed .. '; the ' .. (c - 1) .. ' before it stay applied; marked done'
       end
     end
