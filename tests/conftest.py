@@ -162,3 +162,20 @@ def spark() -> Iterator[SparkSession]:
     session.sparkContext.setLogLevel("WARN")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def limited_client(redis_client: redis.Redis, key_prefix: str) -> Iterator[redis.Redis]:
+    """A client whose ACL user may not run SADD or HGET: Redis then fails a command the check
+    passed (the check reads the data, it does not model ACLs)."""
+    user, password = f"eoguard-test-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    redis_client.acl_setuser(user, enabled=True, passwords=[f"+{password}"],
+                             commands=["+@all", "-sadd", "-hget"], keys=[f"{key_prefix}:*"])
+    kwargs = redis_client.connection_pool.connection_kwargs
+    client = redis.Redis(host=kwargs["host"], port=kwargs["port"], db=kwargs.get("db", 0),
+                         username=user, password=password)
+    try:
+        yield client
+    finally:
+        client.close()
+        redis_client.acl_deluser(user)

@@ -8,9 +8,6 @@ with the reason instead of retrying (a retry would apply the first effect again)
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-
 import pytest
 import redis
 
@@ -23,23 +20,8 @@ from tests.consumer_kit import CODEC, consumer_config, drain, envelope, headers_
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def no_sadd_client(redis_client: redis.Redis, key_prefix: str) -> Iterator[redis.Redis]:
-    user, password = f"eoguard-test-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
-    redis_client.acl_setuser(user, enabled=True, passwords=[f"+{password}"],
-                             commands=["+@all", "-sadd"], keys=[f"{key_prefix}:*"])
-    kwargs = redis_client.connection_pool.connection_kwargs
-    client = redis.Redis(host=kwargs["host"], port=kwargs["port"], db=kwargs.get("db", 0),
-                         username=user, password=password)
-    try:
-        yield client
-    finally:
-        client.close()
-        redis_client.acl_deluser(user)
-
-
 def test_partial_effects_are_dead_lettered_once_and_the_rest_handled(
-        no_sadd_client: redis.Redis, redis_client: redis.Redis, kafka_bootstrap: str,
+        limited_client: redis.Redis, redis_client: redis.Redis, kafka_bootstrap: str,
         redis_url: str, key_prefix: str, new_topic) -> None:
     topic, dead = new_topic(1), new_topic(1, prefix="dlq")
     envs = [envelope(b"m%d" % i) for i in range(10)]
@@ -55,7 +37,7 @@ def test_partial_effects_are_dead_lettered_once_and_the_rest_handled(
 
     config = consumer_config(kafka_bootstrap, redis_url, [topic], prefix=key_prefix,
                              dead_letter_topic=dead, ack_outbox=False)
-    consumer = GuardedConsumer(config, handler=handler, redis=no_sadd_client)
+    consumer = GuardedConsumer(config, handler=handler, redis=limited_client)
     try:
         drain([consumer], lambda: consumer.stats().handled + consumer.stats().partial_effects
               >= len(envs))
@@ -77,7 +59,7 @@ def test_partial_effects_are_dead_lettered_once_and_the_rest_handled(
 
 
 def test_a_partial_whose_dead_letter_was_lost_is_dead_lettered_on_re_read(
-        no_sadd_client: redis.Redis, redis_client: redis.Redis, kafka_bootstrap: str,
+        limited_client: redis.Redis, redis_client: redis.Redis, kafka_bootstrap: str,
         redis_url: str, key_prefix: str, new_topic) -> None:
     # A consumer of group g marked record 0 PARTIAL and died before its dead letter was sent
     # (nor its offset committed). The next consumer of g re-reads record 0: it must dead-letter
@@ -86,7 +68,7 @@ def test_a_partial_whose_dead_letter_was_lost_is_dead_lettered_on_re_read(
     envs = [envelope(b"m%d" % i) for i in range(3)]
     produce(kafka_bootstrap, topic, envs)
     group = f"g-{key_prefix}"
-    store = DedupStore(no_sadd_client, scope="app", keys=KeySpace(prefix=key_prefix))
+    store = DedupStore(limited_client, scope="app", keys=KeySpace(prefix=key_prefix))
     claim = Claim(envs[0].id, owner_token("app", group, topic, 0, 0), envs[0].expires_at_ms)
     assert store.claim([claim])[0].result is ClaimResult.NEW
     effects = {envs[0].id: [Effect("INCRBY", store.effect_key(envs[0].id, "n"), (1,)),

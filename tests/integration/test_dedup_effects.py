@@ -5,8 +5,7 @@ reports PARTIAL and marks the key done, so a retry never applies anything twice.
 from __future__ import annotations
 
 import random
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 import redis
@@ -217,23 +216,6 @@ def test_each_message_of_one_call_sees_the_earlier_messages_writes(
     assert redis_client.exists(k["marker"]) == 0
     assert redis_client.get(k["b"]) == b"7"
     assert state_of(store, second) is DedupState.CLAIMED
-
-
-@pytest.fixture
-def limited_client(redis_client: redis.Redis, key_prefix: str) -> Iterator[redis.Redis]:
-    """A client whose ACL user may not run SADD or HGET: Redis then fails a command the check
-    passed (the check reads the data, it does not model ACLs)."""
-    user, password = f"eoguard-test-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
-    redis_client.acl_setuser(user, enabled=True, passwords=[f"+{password}"],
-                             commands=["+@all", "-sadd", "-hget"], keys=[f"{key_prefix}:*"])
-    kwargs = redis_client.connection_pool.connection_kwargs
-    client = redis.Redis(host=kwargs["host"], port=kwargs["port"], db=kwargs.get("db", 0),
-                         username=user, password=password)
-    try:
-        yield client
-    finally:
-        client.close()
-        redis_client.acl_deluser(user)
 
 
 def test_a_midway_failure_is_partial_marked_done_and_never_reapplied(
