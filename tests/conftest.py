@@ -165,12 +165,16 @@ def spark() -> Iterator[SparkSession]:
 
 
 @pytest.fixture
-def limited_client(redis_client: redis.Redis, key_prefix: str) -> Iterator[redis.Redis]:
-    """A client whose ACL user may not run SADD or HGET: Redis then fails a command the check
-    passed (the check reads the data, it does not model ACLs)."""
+def limited_client(request: pytest.FixtureRequest, redis_client: redis.Redis,
+                   key_prefix: str) -> Iterator[redis.Redis]:
+    """A client of an ACL user that may not run some commands (SADD and HGET unless the test
+    is marked ``@pytest.mark.denied("-sadd", ...)``): Redis then fails a command the effect
+    check passed (the check reads the data, it does not model ACLs)."""
+    marker = request.node.get_closest_marker("denied")
+    denied = list(marker.args) if marker else ["-sadd", "-hget"]
     user, password = f"eoguard-test-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     redis_client.acl_setuser(user, enabled=True, passwords=[f"+{password}"],
-                             commands=["+@all", "-sadd", "-hget"], keys=[f"{key_prefix}:*"])
+                             commands=["+@all", *denied], keys=[f"{key_prefix}:*"])
     kwargs = redis_client.connection_pool.connection_kwargs
     client = redis.Redis(host=kwargs["host"], port=kwargs["port"], db=kwargs.get("db", 0),
                          username=user, password=password)

@@ -20,6 +20,7 @@ from tests.consumer_kit import CODEC, consumer_config, drain, envelope, headers_
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.denied("-sadd")  # the consumer reads its key layout with HGET
 def test_partial_effects_are_dead_lettered_once_and_the_rest_handled(
         limited_client: redis.Redis, redis_client: redis.Redis, kafka_bootstrap: str,
         redis_url: str, key_prefix: str, new_topic) -> None:
@@ -58,6 +59,7 @@ def test_partial_effects_are_dead_lettered_once_and_the_rest_handled(
         {e.id: b"1" for e in envs}
 
 
+@pytest.mark.denied("-sadd")
 def test_a_partial_whose_dead_letter_was_lost_is_dead_lettered_on_re_read(
         limited_client: redis.Redis, redis_client: redis.Redis, kafka_bootstrap: str,
         redis_url: str, key_prefix: str, new_topic) -> None:
