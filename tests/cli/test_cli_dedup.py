@@ -13,7 +13,7 @@ def test_check_done_and_claimed(run_cli, seeded, as_json) -> None:
     done = as_json(run_cli("--json", "dedup", "check", seeded.done[0], "--scope", "billing"))
     assert done["state"] == "done"
     assert done["scope"] == "billing"
-    assert done["owner"] == "billing|orders|0|0"
+    assert done["owner"] == "billing|billing-app|orders|0|0"
     assert done["done_at"] is not None
     assert done["lease_left_ms"] is None
     assert 600_000 < done["ttl_left_ms"] <= 660_000  # expires_at + the default grace
@@ -28,7 +28,7 @@ def test_check_done_and_claimed(run_cli, seeded, as_json) -> None:
 
     table = run_cli("dedup", "check", seeded.done[0], "--scope", "billing")
     assert table.exit_code == 0, table.output
-    for text in ("done", "billing|orders|0|0", "ttl left"):
+    for text in ("done", "billing|billing-app|orders|0|0", "ttl left"):
         assert text in table.stdout
 
 
