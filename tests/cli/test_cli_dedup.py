@@ -24,7 +24,7 @@ def test_check_done_and_claimed(run_cli, seeded, as_json) -> None:
     assert live["lease_lapsed"] is False
     lapsed = as_json(run_cli("dedup", "check", seeded.claimed_lapsed, "--scope", "shipping", "--json"))
     assert lapsed["lease_lapsed"] is True
-    assert lapsed["owner"] == "shipping|refunds|1|5"
+    assert lapsed["owner"] == "shipping|shipping-app|refunds|1|5"
 
     table = run_cli("dedup", "check", seeded.done[0], "--scope", "billing")
     assert table.exit_code == 0, table.output
