@@ -11,9 +11,11 @@ send until every message is acknowledged (``flush`` returned):
   persist-first  GuardedProducer: every message in the Redis outbox before Kafka;
   delayed        GuardedProducer: Redis only for messages Kafka has not acked in the delay.
 
-Prints msgs/s, the ratio to the baseline, Redis writes (and avoided) and the latency from
-``send`` to ``on_guaranteed`` (p50/p99). Targets: persist-first >= 0.3x, delayed >= 0.6x
-with Redis writes <= 5% of messages.
+Prints msgs/s, the ratio to the baseline, this process's CPU per message (every thread,
+librdkafka's included) and Redis's (``INFO cpu``: with the shared stack Redis that counts
+other clients too; ``--redis-url`` of a private server does not), Redis writes (and avoided)
+and the latency from ``send`` to ``on_guaranteed`` (p50/p99). Targets: persist-first >= 0.3x,
+delayed >= 0.6x with Redis writes <= 5% of messages.
 """
 
 from __future__ import annotations
@@ -36,8 +38,27 @@ from eoguard.stack import LocalStack
 from eoguard.store.keys import KeySpace
 
 CODEC = EnvelopeCodec()
+BATCH = ProducerConfig.__dataclass_fields__["batch_max_messages"].default  # the default
 KAFKA = {"linger.ms": 5, "acks": "all", "enable.idempotence": True,
          "queue.buffering.max.messages": 500_000}
+
+
+class CpuMeter:
+    """CPU seconds of this process and of Redis (``INFO cpu``) since construction."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.process = time.process_time()
+        self.redis = self._redis()
+
+    def _redis(self) -> float:
+        info = self.client.info("cpu")
+        return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+    def per_message_us(self, n: int) -> tuple[float, float]:
+        """(process, Redis) CPU microseconds per message so far."""
+        return ((time.process_time() - self.process) / n * 1e6,
+                (self._redis() - self.redis) / n * 1e6)
 
 
 def make_topic(bootstrap: str, partitions: int) -> str:
@@ -52,12 +73,14 @@ def envelope_value(payload: bytes) -> bytes:
     return CODEC.encode(Envelope.create(payload, ttl_ms=600_000, producer="bench"))
 
 
-def baseline(bootstrap: str, topic: str, n: int, payload: bytes, *, encode: bool) -> float:
+def baseline(bootstrap: str, topic: str, n: int, payload: bytes, *,
+             encode: bool) -> tuple[float, float]:
+    """(seconds, process CPU microseconds per message)."""
     producer = Producer({"bootstrap.servers": bootstrap, **KAFKA})
     values = None if encode else [envelope_value(payload) for _ in range(n)]
     producer.produce(topic, envelope_value(payload))  # warm: metadata, connections
     producer.flush(30)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for i in range(n):
         value = envelope_value(payload) if values is None else values[i]
         while True:
@@ -70,7 +93,7 @@ def baseline(bootstrap: str, topic: str, n: int, payload: bytes, *, encode: bool
             producer.poll(0)
     left = producer.flush(120)
     assert left == 0, f"{left} messages not delivered"
-    return time.perf_counter() - started
+    return time.perf_counter() - started, (time.process_time() - cpu) / n * 1e6
 
 
 def guarded(bootstrap: str, redis_url: str, topic: str, n: int, payload: bytes,
@@ -92,10 +115,12 @@ def guarded(bootstrap: str, redis_url: str, topic: str, n: int, payload: bytes,
                             keyspace=KeySpace(prefix=prefix), default_ttl_s=600,
                             keep_until="published", max_queue_messages=200_000,
                             max_queue_bytes=256 * 1024 * 1024)
+    admin = redis.Redis.from_url(redis_url)
     with GuardedProducer(config) as producer:
         producer.send(topic, payload)  # warm: metadata, connections, scripts
         producer.flush(30)
         base = producer.stats()
+        meter = CpuMeter(admin)
         started = time.perf_counter()
         for i in range(n):
             if i & 15:
@@ -108,8 +133,10 @@ def guarded(bootstrap: str, redis_url: str, topic: str, n: int, payload: bytes,
                     sent_at[handle.id] = sent
         left = producer.flush(120)
         elapsed = time.perf_counter() - started
+        cpu_us, redis_us = meter.per_message_us(n)
         assert left == 0, f"{left} messages outstanding"
         stats = producer.stats()
+    admin.close()
     time.sleep(0.2)  # the callback thread finishes the last batch
     lat = sorted(latencies)
     return elapsed, {
@@ -119,6 +146,8 @@ def guarded(bootstrap: str, redis_url: str, topic: str, n: int, payload: bytes,
         "p99_ms": 1000 * lat[int(len(lat) * 0.99) - 1] if lat else float("nan"),
         "delay_ms": stats.current_delay_ms,
         "guaranteed": stats.guaranteed - base.guaranteed,
+        "cpu_us": cpu_us,
+        "redis_us": redis_us,
     }
 
 
@@ -128,34 +157,42 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--payload", type=int, default=200)
     parser.add_argument("--only", choices=["baseline", "persist-first", "delayed"])
+    parser.add_argument("--redis-url", help="Redis for the outbox (default: the local stack's); "
+                        "a private server keeps INFO commandstats free of other clients")
     args = parser.parse_args()
     ends, _ = LocalStack().up()
+    redis_url = args.redis_url or ends.redis_url
     n, payload = args.messages, b"x" * args.payload
     print(f"{n} messages, {args.payload}-byte payloads "
-          f"({len(envelope_value(payload))}-byte envelopes), {args.partitions} partitions")
+          f"({len(envelope_value(payload))}-byte envelopes), {args.partitions} partitions; "
+          f"GuardedProducer: outbox batches of <= {BATCH} messages, keep_until=published, "
+          f"Redis {redis_url}")
     rows: list[tuple[str, float, str]] = []
     base_rate = None
     if args.only in (None, "baseline"):
-        t = baseline(ends.kafka_bootstrap, make_topic(ends.kafka_bootstrap, args.partitions), n,
-                     payload, encode=True)
+        t, cpu_us = baseline(ends.kafka_bootstrap, make_topic(ends.kafka_bootstrap,
+                                                              args.partitions), n,
+                             payload, encode=True)
         base_rate = n / t
-        rows.append(("baseline (encode in loop)", base_rate, ""))
-        t = baseline(ends.kafka_bootstrap, make_topic(ends.kafka_bootstrap, args.partitions), n,
-                     payload, encode=False)
-        rows.append(("baseline (pre-encoded)", n / t, ""))
+        rows.append(("baseline (encode in loop)", base_rate, f"cpu {cpu_us:.1f} us/msg"))
+        t, cpu_us = baseline(ends.kafka_bootstrap, make_topic(ends.kafka_bootstrap,
+                                                              args.partitions), n,
+                             payload, encode=False)
+        rows.append(("baseline (pre-encoded)", n / t, f"cpu {cpu_us:.1f} us/msg"))
     for mode in ("persist-first", "delayed"):
         if args.only not in (None, mode):
             continue
-        t, info = guarded(ends.kafka_bootstrap, ends.redis_url,
+        t, info = guarded(ends.kafka_bootstrap, redis_url,
                           make_topic(ends.kafka_bootstrap, args.partitions), n, payload, mode)
         rows.append((f"GuardedProducer {mode}", n / t,
+                     f"cpu {info['cpu_us']:.1f} us/msg, redis {info['redis_us']:.1f} us/msg; "
                      f"redis writes {info['persisted']:.0f} ({info['persisted'] / n:.1%}), "
                      f"avoided {info['avoided']:.0f}; guaranteed p50 {info['p50_ms']:.1f} ms "
                      f"p99 {info['p99_ms']:.1f} ms; delay {info['delay_ms']:.0f} ms"))
     for name, rate, extra in rows:
         ratio = f"{rate / base_rate:5.2f}x" if base_rate else "   - "
         print(f"{name:30s} {rate:10,.0f} msg/s  {ratio}  {extra}")
-    redis.Redis.from_url(ends.redis_url).close()
+    redis.Redis.from_url(redis_url).close()
 
 
 if __name__ == "__main__":

@@ -129,7 +129,7 @@ def show(cli: CliContext, message_id: str) -> None:
         "created_at": render.iso_ms(rec.created_at_ms), "expires_at": render.iso_ms(rec.expires_at_ms),
         "ttl_left_ms": expire_at - now if expire_at >= 0 else None,
         "next_resend_at": render.iso_ms(rec.next_resend_at_ms) if rec.state is RecordState.PENDING else None,
-        "published_at": render.iso_ms(rec.published_at_ms), "kafka_headers": rec.headers,
+        "kafka_headers": rec.headers,
         "value_bytes": len(rec.value),
     }
     envelope: dict[str, Any] | None = None

@@ -36,10 +36,14 @@ class CallbackDispatcher:
     def submit(self, settled: Sequence[Settled], *, wake: bool = False) -> None:
         """Queue a batch of settled messages (cheap: one queue put per batch).
 
-        ``wake``: messages were settled without a callback to run; wake handle waiters.
+        ``wake``: messages were settled without a callback to run; wake handle waiters (on
+        the calling thread when nothing is queued: no callback to run first).
         """
-        if settled or wake:
+        if settled:
             self._queue.put(settled)
+        elif wake:
+            with self._done:
+                self._done.notify_all()
 
     def close(self, timeout_s: float | None = None) -> None:
         """Run what is queued, then stop the thread."""
@@ -55,11 +59,11 @@ class CallbackDispatcher:
                 try:
                     if error is None:
                         if msg.on_guaranteed is not None:
-                            msg.on_guaranteed(msg.handle)
+                            msg.on_guaranteed(msg)
                     elif msg.on_failed is not None:
-                        msg.on_failed(msg.handle, error)
+                        msg.on_failed(msg, error)
                 except Exception:  # an application callback must not stop delivery
                     self.errors += 1
-                    log.exception("a callback of message %s raised; ignored", msg.handle.id)
+                    log.exception("a callback of message %s raised; ignored", msg.id)
             with self._done:
                 self._done.notify_all()

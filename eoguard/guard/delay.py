@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = ["DelayInputs", "DelayPolicy", "LatencyWindow"]
@@ -73,17 +74,19 @@ class DelayPolicy:
 
 
 class LatencyWindow:
-    """The last ``size`` Kafka ack latencies (ms), for percentiles.
+    """The last ``size`` Kafka ack latencies, for percentiles (in ms).
 
-    ``add`` is O(1) (called from the delivery path); ``percentile`` sorts the window and
-    is meant for the flusher's periodic delay update.
+    ``add_s`` is the window's own append (O(1), no Python frame: it runs once per delivery
+    report, in seconds as librdkafka reports them); ``percentiles`` sorts the window and is
+    meant for the periodic delay update.
     """
 
     def __init__(self, size: int = 4096) -> None:
-        self._samples: collections.deque[float] = collections.deque(maxlen=size)
+        self._samples: collections.deque[float] = collections.deque(maxlen=size)  # seconds
+        self.add_s: Callable[[float], None] = self._samples.append
 
     def add(self, latency_ms: float) -> None:
-        self._samples.append(latency_ms)
+        self.add_s(latency_ms / 1000.0)
 
     def __len__(self) -> int:
         return len(self._samples)
@@ -93,5 +96,5 @@ class LatencyWindow:
         data = sorted(self._samples)
         if not data:
             return tuple(None for _ in qs)
-        return tuple(data[min(len(data) - 1, max(0, math.ceil(q / 100 * len(data)) - 1))]
+        return tuple(1000.0 * data[min(len(data) - 1, max(0, math.ceil(q / 100 * len(data)) - 1))]
                      for q in qs)

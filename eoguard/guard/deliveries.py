@@ -46,20 +46,15 @@ class Deliveries:
         """
         settled: list[Settled] = []
         failures: list[EoguardError] = []
+        marks: list[str] = []
         q, c, reports, delayed = self.queue, self.counters, self.reports, self.delayed
-        add_latency, publish, guaranteed = self.latency.add, q.publish_ids.append, \
-            MessageState.GUARANTEED
+        add_latency, mark, guaranteed = self.latency.add_s, marks.append, MessageState.GUARANTEED
         published = avoided = newly_guaranteed = 0
         with q.lock:
             while reports:
                 token, err, kmsg = reports.popleft()
                 if token.__class__ is ResendToken:
-                    if err is None:
-                        published += 1
-                        publish(token.message_id)
-                    else:
-                        c.delivery_failures += 1
-                        failures.append(delivery_error(err))
+                    published += self._resent_locked(token, err, failures)
                     continue
                 msg: PendingMessage = token
                 if err is not None:
@@ -68,38 +63,48 @@ class Deliveries:
                 published += 1
                 latency_s = kmsg.latency()
                 if latency_s is not None:
-                    add_latency(latency_s * 1000.0)
+                    add_latency(latency_s)
                 msg.acked = True
                 if not delayed or msg.persisted:
-                    publish(msg.handle.id)  # its outbox record exists
+                    mark(msg.id)  # its outbox record exists
                 elif not msg.persisting and q.release_locked(msg):
                     avoided += 1
                 # (persisting: the writer queues the publish mark once its write succeeded)
-                if msg.handle.settle(guaranteed):
+                if msg.settle(guaranteed):
                     newly_guaranteed += 1
                     if msg.on_guaranteed is not None:
                         settled.append((msg, None))
             c.published += published
             c.redis_writes_avoided += avoided
             c.guaranteed += newly_guaranteed
-            if q.publish_ids:
-                q.marks.notify()
-            q.space.notify_all()
+            if marks:
+                q.add_marks_locked(marks)
+            if avoided or failures:
+                q.space.notify_all()
         self.dispatcher.submit(settled, wake=newly_guaranteed > 0)
         if failures:
             log.warning("%d deliveries failed (first: %s); those in the outbox stay pending "
                         "until recovery resends them", len(failures), failures[0])
 
+    def _resent_locked(self, token: ResendToken, err: Any, failures: list[EoguardError]) -> int:
+        """A resend's report: queue its publish mark (1), or count the failure (0)."""
+        if err is None:
+            self.queue.add_resent_mark_locked(token.message_id, token.keep_until)
+            return 1
+        self.counters.delivery_failures += 1
+        failures.append(delivery_error(err))
+        return 0
+
     def _failed_locked(self, msg: PendingMessage, err: Any,
                        settled: list[Settled]) -> EoguardError:
         self.counters.delivery_failures += 1
-        error = delivery_error(err, topic=msg.handle.topic)
+        error = delivery_error(err, topic=msg.topic)
         # A permanent refusal of a delayed message not yet persisted fails it: persisting it
         # would only resend it into the same refusal until it expires. Anything else stays
         # pending: delayed mode persists it when its delay ends, and a record in the outbox
         # is resent by recovery once due.
         if (self.delayed and not (msg.persisting or msg.persisted) and not is_unavailable(err)
-                and msg.handle.settle(MessageState.FAILED, error)):
+                and msg.settle(MessageState.FAILED, error)):
             self.counters.failed += 1
             self.queue.release_locked(msg)
             settled.append((msg, error))

@@ -1,12 +1,15 @@
-"""The producer's background threads: the Kafka poll thread and the outbox flusher.
+"""The producer's background threads: the Kafka poll thread, the outbox flusher, maintenance.
 
-The poll thread serves librdkafka's delivery reports (:class:`Deliveries` settles them).
-The flusher runs the outbox writes (:class:`OutboxWriter`), in send order: persist-first
-writes each batch and then hands it to Kafka; delayed writes only what is still
-unacknowledged when the adaptive delay ends. The maintenance thread marks acknowledged
-records published (concurrently with the writes: the two Redis waits overlap), renews the
-liveness lease, updates the delay and runs recovery. No thread here runs application
-callbacks: settled messages go to the :class:`CallbackDispatcher` after the lock is released.
+Delivery reports are served by the sending thread every so many sends and, while it is not
+sending, by the poll thread (:class:`Deliveries` settles them). The flusher runs the outbox
+writes (:class:`OutboxWriter`) in send order, two in flight at most (Redis works on one
+while the flusher settles the other): persist-first writes each batch and then hands it to
+Kafka; delayed writes only what is still unacknowledged when the adaptive delay ends. The
+publish marks of acknowledged records ride along with those writes (one round trip, one AOF
+fsync); with no write to ride along with, they go alone after ``MARK_DELAY_S``. The
+maintenance thread renews the liveness lease, updates the delay and runs recovery. No
+thread here runs application callbacks: settled messages go to the
+:class:`CallbackDispatcher` after the lock is released.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from eoguard.config import PersistenceMode, ProducerConfig
+from eoguard.config import KeepUntil, PersistenceMode, ProducerConfig
 from eoguard.errors import StoreError
 from eoguard.guard.callbacks import CallbackDispatcher
 from eoguard.guard.delay import DelayInputs, DelayPolicy
@@ -24,7 +27,7 @@ from eoguard.guard.deliveries import Deliveries
 from eoguard.guard.messages import Counters, PendingMessage
 from eoguard.guard.outbox_queue import LogQueue
 from eoguard.guard.recovery import Recovery
-from eoguard.guard.writer import OutboxWriter
+from eoguard.guard.writer import OutboxWriter, StartedWrite
 from eoguard.kafka.producer import KafkaProducer
 from eoguard.store.liveness import Liveness
 from eoguard.store.outbox import Outbox
@@ -33,6 +36,10 @@ __all__ = ["ProducerEngine"]
 
 _DELAY_UPDATE_S = 0.1
 _PRODUCE_RETRY_S = 0.005  # librdkafka's queue was full: try again this soon
+# The poll thread stays off while a sending thread served the delivery reports this recently.
+_SENDER_POLL_GRACE_S = 0.02
+# Outbox writes in flight at once: Redis works on one while the flusher settles the other.
+_MAX_WRITES_IN_FLIGHT = 2
 
 
 class ProducerEngine:
@@ -60,6 +67,7 @@ class ProducerEngine:
                                   max_bytes=config.max_queue_bytes)
         self.delay_ms: float = float(config.delay_max_ms)
         self.live_producers = 0
+        self.sender_served_at = 0.0  # monotonic time a sending thread last served reports
         self._kafka_blocked = False
         now = time.monotonic()
         self._next_heartbeat = now + config.lease_s / 3
@@ -81,70 +89,103 @@ class ProducerEngine:
             thread.start()
 
     def stop(self, timeout_s: float) -> None:
-        """Stop both threads (the flusher finishes its current step)."""
+        """Stop the threads (the flusher finishes its current step and the writes it
+        started)."""
         self._stopping.set()
         with self.queue.lock:
             self.queue.work.notify_all()
-            self.queue.marks.notify_all()
         for thread in self._threads:
             thread.join(timeout_s)
 
-    # Poll thread ---------------------------------------------------------------------
+    # Delivery reports: served by the sending thread while it is busy, else the poll thread
+    def serve_deliveries(self, timeout_s: float = 0.0) -> None:
+        """Serve and settle the delivery reports librdkafka has (waiting up to ``timeout_s``
+        for some), on the calling thread: the sender calls this every so many sends, and
+        ``flush`` while it waits.
+
+        confluent-kafka takes the GIL once per delivery callback: a poll thread competing
+        with a busy sender for the GIL gets one callback per switch interval and slows the
+        sender at each handoff. So while the sender serves them, the poll thread stays off.
+        """
+        self.kafka.poll(timeout_s)
+        if self.deliveries.reports:
+            self.deliveries.process()
+        self.sender_served_at = time.monotonic()
+
     def _poll_loop(self) -> None:
         while not self._stopping.is_set():
+            idle_s = time.monotonic() - self.sender_served_at
+            if idle_s < _SENDER_POLL_GRACE_S:
+                self._stopping.wait(_SENDER_POLL_GRACE_S - idle_s)
+                continue
             self.kafka.poll(0.05)
             if self.deliveries.reports:
                 self.deliveries.process()
 
-    # Flusher thread: outbox writes, in send order -----------------------------------
+    # Flusher thread: outbox writes and publish marks, in send order -----------------
     def _flush_loop(self) -> None:
         q, writer = self.queue, self.writer
+        started: collections.deque[StartedWrite] = collections.deque()
         while True:
-            # Serve and settle the delivery reports librdkafka already has, on this thread:
-            # confluent-kafka takes the GIL once per callback, so a poll thread competing with
-            # this busy one gets one callback per GIL switch interval. In delayed mode this
-            # also settles acknowledgements before deciding what is still unacknowledged.
-            self.kafka.poll(0)
+            # Settle the delivery reports already in (serving librdkafka's too unless the
+            # sender does): in delayed mode, acknowledgements are settled before deciding
+            # what is still unacknowledged.
+            if time.monotonic() - self.sender_served_at >= _SENDER_POLL_GRACE_S:
+                self.kafka.poll(0)
             if self.deliveries.reports:
                 self.deliveries.process()
             with q.lock:
-                batch = self._take_batch_locked()
-                if not batch and not q.to_produce:
+                batch, marks, resent = self._take_write_locked(len(started))
+                idle = not batch and not marks and not resent
+                if idle and not started and not q.to_produce:
                     if self._stopping.is_set():
                         return
                     q.work.wait(self._sleep_s())
-            if batch:
-                writer.persist(batch)
+            if not idle:
+                started.append(writer.start(batch, marks, resent))
+            # Finish the oldest write once the pipeline is full or nothing more is to start.
+            if started and (idle or len(started) >= _MAX_WRITES_IN_FLIGHT):
+                if writer.finish(started):
+                    started.popleft()
+                else:
+                    started.clear()  # every one of them was put back
             if q.to_produce:
                 self._kafka_blocked = not writer.produce_ready()
                 if self._kafka_blocked:
                     time.sleep(_PRODUCE_RETRY_S)  # the poll thread drains librdkafka's queue
-            if self._stopping.is_set() and (not writer.store_available or self._kafka_blocked):
+            if (self._stopping.is_set() and not started
+                    and (not writer.store_available or self._kafka_blocked)):
                 return  # closing: what is in the outbox goes out through recovery
 
-    # Maintenance thread: publish marks, lease, delay, recovery ------------------------
+    def _take_write_locked(self, in_flight: int) -> tuple[
+            list[PendingMessage], list[str], list[tuple[str, KeepUntil]]]:
+        """The next write to start: a batch, and the publish marks if due (nothing while
+        the pipeline is full)."""
+        if in_flight >= _MAX_WRITES_IN_FLIGHT:
+            return [], [], []
+        batch = self._take_batch_locked()
+        if self.queue.marks_waiting and self._marks_due_locked(riding=bool(batch)):
+            return (batch, *self.queue.take_marks_locked())
+        return batch, [], []
+
+    def _marks_due_locked(self, *, riding: bool) -> bool:
+        """Send the waiting publish marks now? With a batch (they ride along), once they
+        waited MARK_DELAY_S or fill a batch, or when closing; never while the store backs off."""
+        now = time.monotonic()
+        if now < self.writer.retry_at and not self._stopping.is_set():
+            return False
+        return (riding or now >= self.queue.marks_due or self._stopping.is_set()
+                or self.queue.marks_waiting >= self.config.batch_max_messages)
+
+    # Maintenance thread: lease, delay, recovery -----------------------------------------
     def _maintain_loop(self) -> None:
-        q, writer = self.queue, self.writer
-        while True:
-            with q.lock:
-                publish: list[str] = []
-                if q.publish_ids and time.monotonic() >= writer.retry_at:
-                    publish, q.publish_ids = q.publish_ids, []
-                elif self._stopping.is_set():
-                    return
-                else:
-                    q.marks.wait(self._next_timer_s())
-            if publish:
-                writer.mark_published(publish)
-            if self._stopping.is_set() and not writer.store_available:
-                return
+        while not self._stopping.wait(self._next_timer_s()):
             self._timers()
 
     def _next_timer_s(self) -> float:
         now = time.monotonic()
         wake = min(self._next_heartbeat, self._next_recovery,
-                   self._next_delay_update if self.delayed else now + 1.0,
-                   self.writer.retry_at if self.queue.publish_ids else now + 1.0)
+                   self._next_delay_update if self.delayed else now + 1.0)
         return min(max(wake - now, 0.001), 1.0)
 
     def _take_batch_locked(self) -> list[PendingMessage]:
@@ -159,6 +200,8 @@ class ProducerEngine:
     def _sleep_s(self) -> float:
         now = time.monotonic()
         wake = self.writer.retry_at or now + 1.0
+        if self.queue.marks_waiting:
+            wake = min(wake, max(self.queue.marks_due, self.writer.retry_at))
         if self.delayed:
             wake = min(wake, self._next_delay_update)  # the delay may shrink
             head = self.queue.head_sent_at_locked()

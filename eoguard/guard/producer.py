@@ -76,6 +76,7 @@ class GuardedProducer:
         self._codec = EnvelopeCodec(registry)
         self._payloads = PayloadCodec(registry)
         self._ttl_ms = int(config.default_ttl_s * 1000)
+        self._delayed = config.mode is PersistenceMode.DELAYED
         self._closed = False
         self._sends = 0
         self._done = threading.Condition()
@@ -131,7 +132,8 @@ class GuardedProducer:
             raise ProducerClosedError("send after close")
         key = check_send_args(topic, value, key, schema=schema, headers=headers, ttl_s=ttl_s)
         ttl_ms = self._ttl_ms if ttl_s is None else max(1, int(ttl_s * 1000))
-        payload = self._payloads.encode(value, schema)
+        payload = (value if schema is None and value.__class__ is bytes
+                   else self._payloads.encode(value, schema))
         env = Envelope.create(payload, ttl_ms=ttl_ms, producer=self.instance_id,
                               payload_schema=schema, headers=dict(headers) if headers else None)
         data = self._codec.encode(env)
@@ -140,40 +142,40 @@ class GuardedProducer:
             raise MessageTooLargeError(
                 f"message of {size} bytes exceeds max_message_bytes "
                 f"({self.config.max_message_bytes})", size=size, limit=self.config.max_message_bytes)
-        handle = SendHandle(env.id, topic, env.expires_at_ms, self._done)
-        msg = PendingMessage(handle, key, data, created_at_ms=env.created_at_ms,
-                             created_mono=time.monotonic(),
+        msg = PendingMessage(env.id, topic, env.expires_at_ms, self._done, key=key, value=data,
+                             created_at_ms=env.created_at_ms, created_mono=time.monotonic(),
                              on_guaranteed=on_guaranteed or self._on_guaranteed,
                              on_failed=on_failed or self._on_failed, sink=self._sink)
         q = self._queue
         q.reserve(msg, self.config.send_timeout_s, self._full_error)
-        if self.config.mode is PersistenceMode.PERSIST_FIRST:
-            with q.lock:
-                self._engine.counters.sent += 1
-                q.to_persist.append(msg)
-                q.work.notify()
-        else:
+        if self._delayed:
             self._produce_now(msg)
             with q.lock:
                 self._engine.counters.sent += 1
                 if not q.log:
                     q.work.notify()
                 q.log.append(msg)
+        else:
+            with q.lock:
+                self._engine.counters.sent += 1
+                if not q.to_persist:
+                    q.work.notify()
+                q.to_persist.append(msg)
         self._sends += 1
         if not self._sends & 127:
-            # Serve pending delivery callbacks on this thread now and then: confluent-kafka
-            # takes the GIL once per callback, so a poll thread competing with a busy sender
-            # gets one callback per GIL switch interval. (The callbacks only queue reports.)
-            self._kafka.poll(0)
-        return handle
+            self._engine.serve_deliveries()
+        return msg
 
     def _produce_now(self, msg: PendingMessage) -> None:
-        """delayed mode: hand the message to librdkafka from the caller's thread."""
-        deadline = time.monotonic() + self.config.send_timeout_s
+        """delayed mode: hand the message to librdkafka from the caller's thread, waiting up
+        to ``send_timeout_s`` while librdkafka's queue is full."""
+        deadline = 0.0
         try:
-            while not self._kafka.produce(msg.handle.topic, msg.value, msg.key,
+            while not self._kafka.produce(msg.topic, msg.value, msg.key,
                                           on_delivery=msg.delivered):
-                if time.monotonic() > deadline:
+                if not deadline:
+                    deadline = time.monotonic() + self.config.send_timeout_s
+                elif time.monotonic() > deadline:
                     raise BackpressureError(
                         f"librdkafka's queue stayed full for {self.config.send_timeout_s} s")
                 time.sleep(0.001)
@@ -216,15 +218,18 @@ class GuardedProducer:
 
     def flush(self, timeout_s: float | None = None) -> int:
         """Wait until every sent message is settled and acknowledged or persisted and every
-        record handed to Kafka is delivered; returns how many are still outstanding."""
+        record handed to Kafka is delivered; returns how many are still outstanding.
+
+        The calling thread serves the delivery reports while it waits.
+        """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             with self._queue.lock:
-                outstanding = self._queue.depth + len(self._queue.publish_ids)
+                outstanding = self._queue.depth + self._queue.marks_outstanding
             outstanding += len(self._kafka) + len(self._engine.deliveries.reports)
             if outstanding == 0 or (deadline is not None and time.monotonic() >= deadline):
                 return outstanding
-            time.sleep(0.005)
+            self._engine.serve_deliveries(0.005)
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Flush for up to ``timeout_s``, stop, and give the liveness lease up.
@@ -248,15 +253,16 @@ class GuardedProducer:
         self._kafka.close(0)
         self._engine.deliveries.process()
         self._engine.writer.flush_publish_marks()
+        self._engine.writer.close()
         # Step 4.
         settled: list[Settled] = []
         with self._queue.lock:
             for msg in self._queue.waiting_locked():
-                if msg.handle.settle(MessageState.FAILED, ProducerClosedError(
-                        f"message {msg.handle.id} was neither persisted nor acknowledged "
+                if msg.settle(MessageState.FAILED, ProducerClosedError(
+                        f"message {msg.id} was neither persisted nor acknowledged "
                         "before close")):
                     self._engine.counters.failed += 1
-                    settled.append((msg, msg.handle.error))
+                    settled.append((msg, msg.error))
         self._dispatcher.submit(settled)
         # Step 5.
         try:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from eoguard.codec import EnvelopeCodec
+from eoguard.config import KeepUntil
 from eoguard.errors import BrokerError, CodecError
 from eoguard.guard.messages import ReportSink
 from eoguard.kafka.producer import KafkaProducer
@@ -39,12 +40,14 @@ class RecoveryReport:
 
 
 class ResendToken:
-    """Identifies a resend in the delivery reports (its record is marked published on ack)."""
+    """Identifies a resend in the delivery reports (its record is marked published on ack,
+    by the record's own ``keep_until``)."""
 
-    __slots__ = ("message_id", "sink")
+    __slots__ = ("keep_until", "message_id", "sink")
 
-    def __init__(self, message_id: str, sink: ReportSink) -> None:
+    def __init__(self, message_id: str, keep_until: KeepUntil, sink: ReportSink) -> None:
         self.message_id = message_id
+        self.keep_until = keep_until
         self.sink = sink
 
     def delivered(self, err: object, msg: object) -> None:
@@ -122,7 +125,7 @@ class Recovery:
             # Not ours to judge: the consumer dead-letters what it cannot decode.
             log.error("outbox record %s does not decode (%s); resending it unchanged", rec.id, exc)
             value = rec.value
-        token = ResendToken(rec.id, self.sink)
+        token = ResendToken(rec.id, rec.keep_until, self.sink)
         deadline = time.monotonic() + self.produce_timeout_s
         try:
             while not self.kafka.produce(rec.topic, value, rec.key, headers=rec.headers or None,

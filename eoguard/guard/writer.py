@@ -1,29 +1,47 @@
 """The flusher's outbox work: write batches, hand persisted messages to Kafka, mark published.
 
-Redis outages are absorbed here: a failed write puts the batch back at the front of its
-line and retries with backoff (the queue fills, senders feel backpressure); messages that
-expire while waiting fail with :class:`PersistError`.
+A batch and the publish marks gathered meanwhile go to Redis together, in one round trip and
+one script call (so one AOF fsync). Writes run on one Redis thread, in the order started, so
+the flusher can start the next write while one is in flight: Redis works on one batch while
+the flusher settles and produces the one before. Writes are finished in the order started.
+
+Redis outages are absorbed here: a failed write puts its batch, and the batches of every write
+started after it, back at the front of their line in send order (so nothing reaches Kafka out
+of order), and the marks back in theirs, and retries with backoff (the queue fills, senders
+feel backpressure); messages that expire while waiting fail with :class:`PersistError`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
-from eoguard.config import ProducerConfig
+from eoguard.config import KeepUntil, ProducerConfig
 from eoguard.errors import EoguardError, PersistError, StoreError
 from eoguard.guard.callbacks import CallbackDispatcher, Settled
 from eoguard.guard.messages import Counters, MessageState, PendingMessage
 from eoguard.guard.outbox_queue import LogQueue
-from eoguard.kafka.producer import KafkaProducer
-from eoguard.store.outbox import Outbox, OutboxRecord
+from eoguard.kafka.producer import KafkaProducer, Producible
+from eoguard.store.outbox import Outbox, PutResult
 
-__all__ = ["OutboxWriter"]
+__all__ = ["OutboxWriter", "StartedWrite"]
 
 log = logging.getLogger(__name__)
 
 _BACKOFF_MIN_S = 0.05
 _BACKOFF_MAX_S = 1.0
+
+
+class StartedWrite(NamedTuple):
+    """A write handed to the Redis thread: what it carries, and its outcome to come."""
+
+    batch: list[PendingMessage]
+    marks: list[str]
+    resent: list[tuple[str, KeepUntil]]
+    outcome: Future[PutResult]
 
 
 class OutboxWriter:
@@ -43,27 +61,120 @@ class OutboxWriter:
         self.store_available = True
         self.retry_at = 0.0  # monotonic time before which the store is not retried
         self._backoff_s = 0.0
+        self._redis = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eoguard-outbox")
 
-    def persist(self, batch: list[PendingMessage]) -> None:
-        """Write ``batch`` to the outbox in one round trip, then settle it.
+    def close(self) -> None:
+        """Stop the Redis thread once the writes started are done."""
+        self._redis.shutdown(wait=True)
 
-        Step 1. Write the batch (on failure: back to the front of its line, retry later).
+    def write(self, batch: list[PendingMessage], marks: list[str],
+              resent: list[tuple[str, KeepUntil]]) -> None:
+        """:meth:`start` one write and :meth:`finish` it."""
+        self.finish([self.start(batch, marks, resent)])
+
+    def start(self, batch: list[PendingMessage], marks: list[str],
+              resent: list[tuple[str, KeepUntil]]) -> StartedWrite:
+        """Hand a write to the Redis thread: mark acknowledged records published and write
+        ``batch``, in one round trip. ``marks`` are this producer's own records (its
+        ``keep_until``); ``resent`` are resends, each with its record's ``keep_until``."""
+        try:
+            outcome = self._redis.submit(self._write, batch, marks, resent)
+        except RuntimeError:  # the Redis thread is gone (interpreter exit): write here
+            outcome = Future()
+            try:
+                outcome.set_result(self._write(batch, marks, resent))
+            except StoreError as exc:
+                outcome.set_exception(exc)
+        return StartedWrite(batch, marks, resent, outcome)
+
+    def _write(self, batch: list[PendingMessage], marks: list[str],
+               resent: list[tuple[str, KeepUntil]]) -> PutResult:
+        """On the Redis thread: the round trip of one write (raises :class:`StoreError`)."""
+        keep = self.config.keep_until
+        if resent:
+            marks = list(marks)
+            other: dict[KeepUntil, list[str]] = {}
+            for message_id, record_keep in resent:
+                if record_keep is keep:
+                    marks.append(message_id)
+                else:
+                    other.setdefault(record_keep, []).append(message_id)
+            for record_keep, ids in other.items():  # resends of another producer's records
+                self.outbox.mark_published(ids, keep_until=record_keep)
+        return self.outbox.write(batch, owner=self.instance_id, keep_until=keep,
+                                 resend_after_ms=self.config.resend_after_ms,
+                                 published=marks)[0]
+
+    def finish(self, started: Sequence[StartedWrite]) -> bool:
+        """Finish the oldest started write: wait for it, then settle its batch.
+
+        Step 1. Wait for the write. If it failed, wait for every later one too and put all
+                their batches back in send order, and their marks back (retried later).
         Step 2. Guarantee each message (its on_guaranteed is queued now, before Kafka).
         Step 3. persist-first: line them up for librdkafka; delayed: free their memory.
+
+        Returns False when the write failed (every write in ``started`` is then finished).
         """
-        q, c = self.queue, self.counters
-        records = [OutboxRecord(id=m.handle.id, topic=m.handle.topic, key=m.key, value=m.value,
-                                created_at_ms=m.created_at_ms, expires_at_ms=m.handle.expires_at_ms)
-                   for m in batch]
-        settled: list[Settled] = []
         # Step 1.
+        first = started[0]
         try:
-            result = self.outbox.put(records, owner=self.instance_id,
-                                     keep_until=self.config.keep_until,
-                                     resend_after_ms=self.config.resend_after_ms)
+            result = first.outcome.result()
         except StoreError as exc:
             self.store_failed(exc)
-            with q.lock:
+            for later in started:
+                later.outcome.exception()  # wait: the later ones' outcome no longer matters
+            self._put_back(started)
+            return False
+        self.store_ok()
+        if first.marks or first.resent:
+            with self.queue.lock:
+                self.queue.marks_done_locked(len(first.marks) + len(first.resent))
+        if first.batch:
+            self._settle_written(first.batch, set(result.expired))
+        return True
+
+    def _settle_written(self, batch: list[PendingMessage], expired: set[str]) -> None:
+        """Steps 2 and 3 of :meth:`finish`."""
+        q, c = self.queue, self.counters
+        settled: list[Settled] = []
+        guaranteed = MessageState.GUARANTEED
+        with q.lock:
+            for m in batch:
+                m.persisting = False
+                if expired and m.id in expired:
+                    c.expired += 1
+                    self._fail_locked(m, PersistError(
+                        f"message {m.id} expired before it could be persisted"), settled)
+                    continue
+                # Step 2.
+                m.persisted = True
+                if m.settle(guaranteed):
+                    c.guaranteed += 1
+                    if m.on_guaranteed is not None:
+                        settled.append((m, None))
+                # Step 3.
+                if self.delayed:
+                    q.release_locked(m)
+                    if m.acked:  # acknowledged while the write was in flight
+                        q.add_marks_locked([m.id])
+                else:
+                    q.to_produce.append(m)
+            c.persisted += len(batch) - len(expired)
+            if self.delayed or expired:
+                q.space.notify_all()
+        self.dispatcher.submit(settled, wake=True)
+
+    def _put_back(self, started: Sequence[StartedWrite]) -> None:
+        """Failed writes: their batches back to the front of their line (in send order),
+        their marks back to be retried (else recovery would resend those records)."""
+        q, c = self.queue, self.counters
+        settled: list[Settled] = []
+        batch = [m for w in started for m in w.batch]
+        with q.lock:
+            q.publish_ids[:0] = [i for w in started for i in w.marks]
+            q.resent_ids[:0] = [r for w in started for r in w.resent]
+            q.marks_done_locked(sum(len(w.marks) + len(w.resent) for w in started))
+            if batch:
                 for m in batch:
                     if m.acked:  # delayed: Kafka acknowledged it meanwhile, nothing to write
                         m.persisting = False
@@ -72,34 +183,6 @@ class OutboxWriter:
                 q.put_back_locked([m for m in batch if not m.acked], delayed=self.delayed)
                 self._fail_expired_locked(settled)
                 q.space.notify_all()
-            self.dispatcher.submit(settled)
-            return
-        self.store_ok()
-        expired = set(result.expired)
-        with q.lock:
-            for m in batch:
-                m.persisting = False
-                if m.handle.id in expired:
-                    c.expired += 1
-                    self._fail_locked(m, PersistError(
-                        f"message {m.handle.id} expired before it could be persisted"), settled)
-                    continue
-                # Step 2.
-                m.persisted = True
-                c.persisted += 1
-                if m.handle.settle(MessageState.GUARANTEED):
-                    c.guaranteed += 1
-                    settled.append((m, None))
-                # Step 3.
-                if self.delayed:
-                    q.release_locked(m)
-                    if m.acked:  # acknowledged while the write was in flight
-                        q.publish_ids.append(m.handle.id)
-                else:
-                    q.to_produce.append(m)
-            q.space.notify_all()
-            if q.publish_ids:
-                q.marks.notify()
         self.dispatcher.submit(settled)
 
     def produce_ready(self) -> bool:
@@ -109,43 +192,24 @@ class OutboxWriter:
         holding its room in the queue, while persisting goes on.
         """
         line = self.queue.to_produce
-        done: list[PendingMessage] = []
-        blocked = False
-        while line:
-            m = line[0]
-            try:
-                if not self.kafka.produce(m.handle.topic, m.value, m.key,
-                                          on_delivery=m.delivered):
-                    blocked = True
-                    break
-            except EoguardError as exc:
-                log.error("Kafka refused %s at once; it stays pending in the outbox for "
-                          "recovery: %s", m.handle.id, exc)
-            line.popleft()
-            done.append(m)
-        if done:
-            with self.queue.lock:
-                for m in done:
-                    self.queue.release_locked(m)
-                self.queue.space.notify_all()
-        return not blocked
+        taken = self.kafka.produce_each(line, self._refused)
+        done = [line.popleft() for _ in range(taken)]
+        with self.queue.lock:
+            self.queue.release_all_locked(done)
+            self.queue.space.notify_all()
+        return not line
 
-    def mark_published(self, ids: list[str]) -> None:
-        try:
-            self.outbox.mark_published(ids)
-        except StoreError as exc:
-            self.store_failed(exc)
-            with self.queue.lock:
-                self.queue.publish_ids[:0] = ids  # retried: else recovery would resend them
-            return
-        self.store_ok()
+    @staticmethod
+    def _refused(rec: Producible, error: EoguardError) -> None:
+        log.error("Kafka refused %s at once; it stays pending in the outbox for recovery: %s",
+                  getattr(rec, "id", "?"), error)
 
     def flush_publish_marks(self) -> None:
         """One last attempt to mark acknowledged records published (on close)."""
         with self.queue.lock:
-            ids, self.queue.publish_ids = self.queue.publish_ids, []
-        if ids:
-            self.mark_published(ids)
+            ids, resent = self.queue.take_marks_locked()
+        if ids or resent:
+            self.write([], ids, resent)
 
     def store_failed(self, exc: StoreError) -> None:
         if self.store_available:
@@ -162,7 +226,7 @@ class OutboxWriter:
         self.retry_at = 0.0
 
     def _fail_locked(self, m: PendingMessage, error: EoguardError, settled: list[Settled]) -> None:
-        if m.handle.settle(MessageState.FAILED, error):
+        if m.settle(MessageState.FAILED, error):
             self.counters.failed += 1
             settled.append((m, error))
         self.queue.release_locked(m)
@@ -171,11 +235,11 @@ class OutboxWriter:
         """Messages that expired while waiting for the outbox: failed, room released."""
         now_ms = time.time_ns() // 1_000_000
         for line in (self.queue.to_persist, self.queue.log):
-            keep = [m for m in line if m.handle.expires_at_ms > now_ms or m.acked]
+            keep = [m for m in line if m.expires_at_ms > now_ms or m.acked]
             for m in line:
-                if m.handle.expires_at_ms <= now_ms and not m.acked:
+                if m.expires_at_ms <= now_ms and not m.acked:
                     self.counters.expired += 1
-                    self._fail_locked(m, PersistError(f"message {m.handle.id} expired while "
+                    self._fail_locked(m, PersistError(f"message {m.id} expired while "
                                                       "the outbox was unavailable"), settled)
             line.clear()
             line.extend(keep)

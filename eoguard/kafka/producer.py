@@ -6,15 +6,21 @@ on the polling thread); :func:`delivery_error` turns ``err`` into a :class:`Brok
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException
 
-from eoguard.errors import BrokerError, BrokerUnavailableError, ConfigError, MessageTooLargeError
+from eoguard.errors import (
+    BrokerError,
+    BrokerUnavailableError,
+    ConfigError,
+    EoguardError,
+    MessageTooLargeError,
+)
 
-__all__ = ["DeliveryCallback", "KafkaProducer", "delivery_error", "is_unavailable"]
+__all__ = ["DeliveryCallback", "KafkaProducer", "Producible", "delivery_error", "is_unavailable"]
 
 DeliveryCallback = Callable[[Any, Any], None]
 """``(err: KafkaError | None, msg: confluent_kafka.Message) -> None``"""
@@ -32,6 +38,18 @@ _UNAVAILABLE = frozenset({
 _TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
 
 
+class Producible(Protocol):
+    """A record :meth:`KafkaProducer.produce_each` hands over, with its delivery callback."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def value(self) -> bytes: ...
+    @property
+    def key(self) -> bytes | None: ...
+    def delivered(self, err: Any, msg: Any) -> None: ...
+
+
 def is_unavailable(err: Any) -> bool:
     """True when a delivery failed because Kafka could not take it now (not a refusal)."""
     return bool(err.code() in _UNAVAILABLE or err.retriable())
@@ -45,6 +63,17 @@ def delivery_error(err: Any, *, topic: str | None = None) -> BrokerError:
     if is_unavailable(err):
         return BrokerUnavailableError(f"Kafka is unavailable{where}: {err.str()}")
     return BrokerError(f"Kafka refused the record{where}: {err.str()}")
+
+
+def _refusal(exc: KafkaException, topic: str, value: bytes,
+             key: bytes | None) -> BrokerError | MessageTooLargeError:
+    """The eoguard error for librdkafka refusing a record at ``produce``."""
+    err = exc.args[0]
+    if err.code() in _TOO_LARGE:
+        size = len(value) + len(key or b"")
+        return MessageTooLargeError(f"librdkafka refused a {size}-byte record: {err.str()}",
+                                    size=size, limit=-1)
+    return delivery_error(err, topic=topic)
 
 
 class KafkaProducer:
@@ -73,13 +102,25 @@ class KafkaProducer:
         except BufferError:
             return False
         except KafkaException as exc:
-            err = exc.args[0]
-            if err.code() in _TOO_LARGE:
-                size = len(value) + len(key or b"")
-                raise MessageTooLargeError(f"librdkafka refused a {size}-byte record: {err.str()}",
-                                           size=size, limit=-1) from exc
-            raise delivery_error(err, topic=topic) from exc
+            raise _refusal(exc, topic, value, key) from exc
         return True
+
+    def produce_each(self, records: Iterable[Producible],
+                     on_refused: Callable[[Producible, EoguardError], None]) -> int:
+        """:meth:`produce` each record in order (no headers; its ``delivered`` is the delivery
+        callback) until librdkafka's queue is full; returns how many it took. A record Kafka
+        refuses at once counts as taken and goes to ``on_refused`` with the error."""
+        produce = self._producer.produce
+        taken = 0
+        for rec in records:
+            try:
+                produce(rec.topic, rec.value, rec.key, on_delivery=rec.delivered)
+            except BufferError:
+                return taken
+            except KafkaException as exc:
+                on_refused(rec, _refusal(exc, rec.topic, rec.value, rec.key))
+            taken += 1
+        return taken
 
     def poll(self, timeout_s: float = 0.0) -> int:
         """Serve delivery callbacks for up to ``timeout_s``; returns how many ran."""

@@ -1,21 +1,25 @@
-"""The outbox: one Redis hash per message not yet known to be consumed, TTL = expires_at.
+"""The outbox: one Redis string per message not yet known to be consumed, TTL = expires_at.
 
 A record goes ``pending`` (written by the producer) -> ``published`` (Kafka acknowledged;
 kept only with ``keep_until=consumed``) -> deleted (the consumer's end-to-end ack, or at
 publication with ``keep_until=published``); its TTL deletes it at ``expires_at`` in every
 case. Each shard's index (a sorted set by next-resend time) holds the pending records only,
-so a published record is never resent however slow its consumer is.
+so a published record is never resent however slow its consumer is. The record's value
+layout is in :mod:`eoguard.store.outbox_types`.
 
-Every operation is one Lua script per shard (``eoguard/store/lua/outbox_*.lua``); a batch's
-calls for all shards go out pipelined in one round trip.
+Every operation is a Lua script (``eoguard/store/lua/outbox_*.lua``). A producer's writes
+and publish marks (``outbox_write.lua``) cover every shard of a batch in one script call (one
+AOF fsync per batch), except on Redis Cluster, where a script's keys must share a slot:
+there a batch sends one call per shard, pipelined in one round trip. The consumer's acks,
+claims and sweeps send one call per shard.
 """
 
 from __future__ import annotations
 
-import json
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from redis.cluster import RedisCluster
 
 from eoguard.config import KeepUntil
 from eoguard.store.client import RedisClient
@@ -23,11 +27,14 @@ from eoguard.store.keys import KeySpace
 from eoguard.store.outbox_types import (
     ClaimBatch,
     ClaimedRecord,
+    OutboxEntry,
     OutboxRecord,
     PublishResult,
     PutResult,
     RecordState,
     StoredRecord,
+    parse_record,
+    record_body,
 )
 from eoguard.store.scripts import ScriptArg, ScriptCall, Scripts
 
@@ -35,6 +42,7 @@ __all__ = [
     "ClaimBatch",
     "ClaimedRecord",
     "Outbox",
+    "OutboxEntry",
     "OutboxRecord",
     "PublishResult",
     "PutResult",
@@ -47,10 +55,6 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _headers(raw: Any) -> dict[str, str]:
-    return dict(json.loads(raw)) if raw else {}
-
-
 class Outbox:
     """Typed wrappers over the outbox scripts for one :class:`KeySpace`."""
 
@@ -59,54 +63,116 @@ class Outbox:
         self.client = client
         self.keys = keys
         self.scripts = scripts or Scripts(client)
+        # Redis Cluster: one script call per shard (its keys share the shard's hash slot).
+        self.per_shard = isinstance(client, RedisCluster)
+        self._record_prefixes: dict[int, str] = {}  # shard -> a record's key without its id
 
     # Grouping ------------------------------------------------------------------------
+    def _record_prefix(self, shard: int, message_id: str) -> str:
+        prefix = self._record_prefixes.get(shard)
+        if prefix is None:
+            key = self.keys.outbox_record(message_id)
+            prefix = self._record_prefixes[shard] = key[:len(key) - len(message_id)]
+        return prefix
+
     def _by_shard(self, ids: Iterable[str]) -> dict[int, list[str]]:
-        groups: dict[int, list[str]] = defaultdict(list)
+        groups: dict[int, list[str]] = {}
+        shard_of = self.keys.shard_of
         for message_id in ids:
-            groups[self.keys.shard_of(message_id)].append(message_id)
+            shard = shard_of(message_id)
+            members = groups.get(shard)
+            if members is None:
+                groups[shard] = [message_id]
+            else:
+                members.append(message_id)
         return groups
 
     def _per_shard_calls(self, script: str, ids: Iterable[str]) -> list[ScriptCall]:
-        return [
-            ScriptCall(script, [self.keys.outbox_index(shard),
-                                *(self.keys.outbox_record(i) for i in members)], members)
-            for shard, members in self._by_shard(ids).items()
-        ]
-
-    # Put -------------------------------------------------------------------------------
-    def put(self, records: Sequence[OutboxRecord], *, owner: str, keep_until: KeepUntil,
-            resend_after_ms: int) -> PutResult:
-        """Store ``records`` as pending, owned by ``owner``: one round trip for the batch."""
-        groups: dict[int, list[OutboxRecord]] = defaultdict(list)
-        for rec in records:
-            groups[self.keys.shard_of(rec.id)].append(rec)
         calls = []
-        for shard, members in groups.items():
-            args: list[ScriptArg] = [owner, resend_after_ms, keep_until.value]
-            for rec in members:
-                args += (rec.id, rec.topic, b"" if rec.key is None else b"k" + rec.key,
-                         rec.value, json.dumps(dict(rec.headers)) if rec.headers else "",
-                         rec.attempt, rec.created_at_ms, rec.expires_at_ms)
-            keys = [self.keys.outbox_index(shard), *(self.keys.outbox_record(r.id) for r in members)]
-            calls.append(ScriptCall("outbox_put", keys, args))
+        for shard, members in self._by_shard(ids).items():
+            prefix = self._record_prefix(shard, members[0])
+            calls.append(ScriptCall(script, [self.keys.outbox_index(shard),
+                                             *(prefix + m for m in members)], members))
+        return calls
+
+    # Writes: new records and publish marks --------------------------------------------
+    def write(self, records: Sequence[OutboxEntry] = (), *, owner: str, keep_until: KeepUntil,
+              resend_after_ms: int, published: Iterable[str] = ()
+              ) -> tuple[PutResult, PublishResult]:
+        """Mark ``published`` (acknowledged by Kafka; records written with the same
+        ``keep_until``) and store ``records`` as pending, owned by ``owner``.
+
+        One round trip, and one script call (one AOF fsync) for the lot; on Redis Cluster one
+        call per shard. A batch that fails midway may be stored in part: records are written
+        with SET NX and marks are idempotent, so writing it again is safe.
+        """
+        marks = self._by_shard(published)
+        puts: dict[int, list[OutboxEntry]] = {}
+        shard_of = self.keys.shard_of
+        for rec in records:
+            shard = shard_of(rec.id)
+            members = puts.get(shard)
+            if members is None:
+                puts[shard] = [rec]
+            else:
+                members.append(rec)
+        chunks: list[tuple[dict[int, list[str]], dict[int, list[OutboxEntry]]]]
+        if self.per_shard:
+            chunks = [({s: m}, {}) for s, m in marks.items()]
+            chunks += [({}, {s: m}) for s, m in puts.items()]
+        else:
+            chunks = [(marks, puts)] if marks or puts else []
+        calls = []
+        ordered: list[list[OutboxEntry]] = []
+        keep = keep_until.value.encode()
+        for mark_groups, put_groups in chunks:
+            keys: list[str] = []
+            args: list[ScriptArg] = [owner, resend_after_ms, keep_until.value,
+                                     len(mark_groups), len(put_groups)]
+            args += [len(m) for m in mark_groups.values()]
+            args += [len(m) for m in put_groups.values()]
+            prefixes = [self._record_prefix(shard, ids[0]) for shard, ids in mark_groups.items()]
+            prefixes += [self._record_prefix(shard, members[0].id)
+                         for shard, members in put_groups.items()]
+            args += [len(prefix) for prefix in prefixes]
+            for (shard, ids), prefix in zip(mark_groups.items(), prefixes, strict=False):
+                keys.append(self.keys.outbox_index(shard))
+                keys += [prefix + i for i in ids]
+            in_call: list[OutboxEntry] = []
+            for (shard, members), prefix in zip(put_groups.items(), prefixes[len(mark_groups):],
+                                                strict=True):
+                keys.append(self.keys.outbox_index(shard))
+                for rec in members:
+                    keys.append(prefix + rec.id)
+                    args += (rec.expires_at_ms, record_body(rec, keep))
+                in_call += members
+            calls.append(ScriptCall("outbox_write", keys, args))
+            ordered.append(in_call)
         replies = self.scripts.run(calls, doing="writing the outbox")
-        stored: list[str] = []
         existing: list[str] = []
         expired: list[str] = []
-        for members, reply in zip(groups.values(), replies, strict=True):
-            for rec, code in zip(members, reply[1:], strict=True):
-                (stored if code == 1 else existing if code == 0 else expired).append(rec.id)
-        return PutResult(stored=stored, existing=existing, expired=expired)
+        refused: set[str] = set()
+        for in_call, reply in zip(ordered, replies, strict=True):
+            for i in range(5, len(reply), 2):
+                message_id = in_call[int(reply[i]) - 1].id
+                (existing if int(reply[i + 1]) == 0 else expired).append(message_id)
+                refused.add(message_id)
+        stored = [r.id for r in records if r.id not in refused]
+        return (PutResult(stored=stored, existing=existing, expired=expired),
+                PublishResult(kept=sum(int(r[1]) for r in replies),
+                              deleted=sum(int(r[2]) for r in replies),
+                              missing=sum(int(r[3]) for r in replies)))
 
-    # Publication and acknowledgement --------------------------------------------------
-    def mark_published(self, ids: Iterable[str]) -> PublishResult:
-        """Kafka acknowledged ``ids``: leave the index; keep as published or delete."""
-        replies = self.scripts.run(self._per_shard_calls("outbox_mark_published", ids),
-                                   doing="marking outbox records published")
-        return PublishResult(kept=sum(int(r[0]) for r in replies),
-                             deleted=sum(int(r[1]) for r in replies),
-                             missing=sum(int(r[2]) for r in replies))
+    def put(self, records: Sequence[OutboxEntry], *, owner: str, keep_until: KeepUntil,
+            resend_after_ms: int) -> PutResult:
+        """Store ``records`` as pending, owned by ``owner``: :meth:`write` without marks."""
+        return self.write(records, owner=owner, keep_until=keep_until,
+                          resend_after_ms=resend_after_ms)[0]
+
+    def mark_published(self, ids: Iterable[str], *, keep_until: KeepUntil) -> PublishResult:
+        """Kafka acknowledged ``ids``, records written with ``keep_until``: they leave the
+        index and are kept as published or deleted; one round trip."""
+        return self.write(owner="", keep_until=keep_until, resend_after_ms=0, published=ids)[1]
 
     def ack_calls(self, ids: Iterable[str]) -> list[ScriptCall]:
         """The script calls of :meth:`ack`, for a caller that pipelines them with its own."""
@@ -151,7 +217,8 @@ class Outbox:
                 if not ids:
                     del offsets[shard]
                     continue
-                keys = [self.keys.outbox_index(shard), *(self.keys.outbox_record(i) for i in ids)]
+                prefix = self._record_prefix(shard, ids[0])
+                keys = [self.keys.outbox_index(shard), *(prefix + i for i in ids)]
                 calls.append(ScriptCall("outbox_claim_for_resend", keys,
                                         [claimer, resend_after_ms, live_read_at_ms,
                                          len(live), *live, *ids]))
@@ -179,12 +246,9 @@ class Outbox:
         due or owned by an owner not in ``live_owners``; absent ones are skipped.
         """
         live = sorted(set(live_owners))
-        groups = self._by_shard(dict.fromkeys(ids))
-        calls = [ScriptCall("outbox_claim_for_resend",
-                            [self.keys.outbox_index(shard),
-                             *(self.keys.outbox_record(i) for i in members)],
-                            [claimer, resend_after_ms, live_read_at_ms, len(live), *live, *members])
-                 for shard, members in groups.items()]
+        calls = [ScriptCall(c.script, c.keys,
+                            [claimer, resend_after_ms, live_read_at_ms, len(live), *live, *c.args])
+                 for c in self._per_shard_calls("outbox_claim_for_resend", dict.fromkeys(ids))]
         replies = self.scripts.run(calls, doing="claiming outbox records for resend")
         return ClaimBatch(records=[self._claimed(item) for r in replies for item in r[3:]],
                           swept=sum(int(r[1]) for r in replies),
@@ -192,31 +256,25 @@ class Outbox:
 
     @staticmethod
     def _claimed(item: Sequence[Any]) -> ClaimedRecord:
-        has_key = _text(item[3]) == "1"
-        return ClaimedRecord(id=_text(item[0]), topic=_text(item[1]),
-                             key=bytes(item[2]) if has_key else None, value=bytes(item[4]),
-                             headers=_headers(item[5]), attempt=int(item[6]),
-                             expires_at_ms=int(item[7]), previous_owner=_text(item[8]))
+        f = parse_record(bytes(item[2]))
+        return ClaimedRecord(id=_text(item[0]), topic=f.topic, key=f.key, value=f.value,
+                             headers=f.headers, attempt=f.attempt, keep_until=f.keep_until,
+                             expires_at_ms=f.expires_at_ms, previous_owner=_text(item[1]))
 
     # Inspection ------------------------------------------------------------------------
     def get(self, message_id: str) -> StoredRecord | None:
         """The record of ``message_id`` as stored, or None when absent."""
         pipe = self.client.pipeline(transaction=False)
-        pipe.hgetall(self.keys.outbox_record(message_id))
+        pipe.get(self.keys.outbox_record(message_id))
         raw = self.scripts.execute(pipe, doing="reading an outbox record")[0]
-        if not raw:
+        if raw is None:
             return None
-        f = {_text(k): v for k, v in raw.items()}
-        published = f.get("published_at")
+        f = parse_record(raw)
         return StoredRecord(
-            id=message_id, topic=_text(f["topic"]), key=f.get("key"), value=f["value"],
-            headers=_headers(f.get("headers")), state=RecordState(_text(f["state"])),
-            owner=_text(f["owner"]), attempt=int(f["attempt"]),
-            keep_until=KeepUntil(_text(f["keep"])), created_at_ms=int(f["created_at"]),
-            expires_at_ms=int(f["expires_at"]), owned_at_ms=int(f["owned_at"]),
-            next_resend_at_ms=int(f["next_resend_at"]),
-            published_at_ms=None if published is None else int(published),
-        )
+            id=message_id, topic=f.topic, key=f.key, value=f.value, headers=f.headers,
+            state=f.state, owner=f.owner, attempt=f.attempt, keep_until=f.keep_until,
+            created_at_ms=f.created_at_ms, expires_at_ms=f.expires_at_ms,
+            owned_at_ms=f.owned_at_ms, next_resend_at_ms=f.next_resend_at_ms)
 
     def pending_ids(self) -> dict[int, list[str]]:
         """Every shard's index members (pending records), for tests and the CLI."""

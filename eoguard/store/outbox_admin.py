@@ -1,9 +1,10 @@
 """The operator's view of the outbox (``eoguard status`` / ``outbox list|purge``, metrics).
 
 Read-only listings go by SCAN (never KEYS) with one pipelined read per batch, and read only
-metadata fields (not the encoded value). The purge sweeps index entries of records that are
-gone, atomically per shard (``outbox_sweep.lua``). Writes to records stay in
-:class:`eoguard.store.outbox.Outbox`; resends go through :mod:`eoguard.guard.recovery`.
+the head of each record (``GETRANGE``: its metadata, not the encoded value). The purge sweeps
+index entries of records that are gone, atomically per shard (``outbox_sweep.lua``). Writes to
+records stay in :class:`eoguard.store.outbox.Outbox`; resends go through
+:mod:`eoguard.guard.recovery`.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from typing import Any
 from eoguard.store.client import RedisClient
 from eoguard.store.keys import KeySpace
 from eoguard.store.outbox import RecordState
+from eoguard.store.outbox_types import parse_record
 from eoguard.store.scripts import ScriptCall, Scripts
 
 __all__ = ["IndexStats", "RecordSummary", "index_stats", "read_records", "scan_records", "sweep_index"]
 
-_FIELDS = ("id", "topic", "state", "owner", "attempt", "created_at", "expires_at",
-           "next_resend_at")
+_HEAD_BYTES = 1024  # of a record: its metadata and topic (longer ones are read whole)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -70,23 +71,33 @@ def scan_records(client: RedisClient, keys: KeySpace, *, count: int = 1000
 
 
 def read_records(client: RedisClient, names: Sequence[str | bytes]) -> list[RecordSummary]:
-    """The outbox records ``names`` (found by SCAN): one pipelined HMGET of metadata each."""
+    """The outbox records ``names`` (found by SCAN): one pipelined ``GETRANGE`` of each one's
+    head, and a second round trip for any record whose metadata is longer than that."""
     if not names:
         return []
+    scripts = Scripts(client)
     pipe: Any = client.pipeline(transaction=False)
     for name in names:
-        pipe.hmget(name, *_FIELDS)
-    rows = Scripts(client).execute(pipe, doing="reading outbox records")
+        pipe.getrange(name, 0, _HEAD_BYTES - 1)
+    heads = scripts.execute(pipe, doing="reading outbox records")
     out = []
-    for name, row in zip(names, rows, strict=True):
-        if row[0] is None or row[2] is None:
-            continue
-        f = dict(zip(_FIELDS, row, strict=True))
+    for name, head in zip(names, heads, strict=True):
+        if not head:
+            continue  # expired or acknowledged since the SCAN
+        try:
+            f = parse_record(head, partial=True)
+        except ValueError:
+            pipe = client.pipeline(transaction=False)
+            pipe.get(name)
+            whole = scripts.execute(pipe, doing="reading an outbox record")[0]
+            if whole is None:
+                continue
+            f = parse_record(whole)
+        key = _text(name)  # KeySpace.outbox_record: "<prefix>:ob:{<shard>}:r:<id>"
         out.append(RecordSummary(
-            id=_text(f["id"]), redis_key=_text(name), topic=_text(f["topic"]),
-            state=RecordState(_text(f["state"])), owner=_text(f["owner"]),
-            attempt=int(f["attempt"]), created_at_ms=int(f["created_at"]),
-            expires_at_ms=int(f["expires_at"]), next_resend_at_ms=int(f["next_resend_at"])))
+            id=key.split(":r:", 1)[1], redis_key=key, topic=f.topic, state=f.state,
+            owner=f.owner, attempt=f.attempt, created_at_ms=f.created_at_ms,
+            expires_at_ms=f.expires_at_ms, next_resend_at_ms=f.next_resend_at_ms))
     return out
 
 
@@ -130,9 +141,10 @@ def index_stats(client: RedisClient, keys: KeySpace) -> IndexStats:
     for shard in range(keys.shards):
         pipe.zcount(keys.outbox_index(shard), "-inf", now)
     for message_id in heads:
-        pipe.hget(keys.outbox_record(message_id), "created_at")
+        pipe.getrange(keys.outbox_record(message_id), 0, _HEAD_BYTES - 1)
     replies = scripts.execute(pipe, doing="reading the outbox index")
     past = sum(int(n) for n in replies[:keys.shards])
-    created = [int(c) for c in replies[keys.shards:] if c is not None]
+    created = [parse_record(head, partial=True).created_at_ms
+               for head in replies[keys.shards:] if head]
     return IndexStats(now_ms=now, pending=pending, past_resend=past,
                       oldest_pending_age_ms=max(0, now - min(created)) if created else 0)

@@ -1,21 +1,41 @@
-"""Value types of the outbox: a record's lifecycle, what is written, stored and claimed."""
+"""Value types of the outbox: a record's lifecycle, what is written, stored and claimed, and
+the layout of a record's value in Redis.
+
+A record is one Redis string (``SET NX`` with ``PXAT`` = its ``expires_at``)::
+
+    <state>:<owned_at>:<next_resend_at>:<len(owner)>:<owner>    written by the scripts
+    <attempt>:<keep>:<created_at>:<expires_at>:<len(topic)>:<len(key)>:<len(headers)>:
+    <topic><key><headers JSON><value>                   the body (built by :func:`record_body`)
+
+``state`` is one byte at offset 0, ``0`` pending or ``1`` published (set in place by
+``SETRANGE``); ``len(key)`` is -1 for a record without a key; ``headers`` are the Kafka record
+headers as JSON (empty for none). The id is not stored: the key name ends with it. One string
+costs one command to write with its TTL and existence check (``SET NX PXAT``), where a hash
+took three.
+"""
 
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from eoguard.config import KeepUntil
 
 __all__ = [
     "ClaimBatch",
     "ClaimedRecord",
+    "OutboxEntry",
     "OutboxRecord",
     "PublishResult",
     "PutResult",
+    "RecordFields",
     "RecordState",
     "StoredRecord",
+    "parse_record",
+    "record_body",
 ]
 
 
@@ -30,6 +50,28 @@ class RecordState(enum.Enum):
         return self is RecordState.PENDING and other is RecordState.PUBLISHED
 
 
+class OutboxEntry(Protocol):
+    """What :meth:`Outbox.put` reads of each message (an :class:`OutboxRecord`, or the
+    producer's in-memory message, which carries the same attributes)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def topic(self) -> str: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes: ...
+    @property
+    def headers(self) -> Mapping[str, str] | None: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def created_at_ms(self) -> int: ...
+    @property
+    def expires_at_ms(self) -> int: ...
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OutboxRecord:
     """A Kafka record to keep until it is published or consumed."""
@@ -42,6 +84,59 @@ class OutboxRecord:
     attempt: int = 1
     created_at_ms: int
     expires_at_ms: int
+
+
+def record_body(entry: OutboxEntry, keep: bytes) -> bytes:
+    """The body of ``entry``'s record (see the module docstring); ``keep`` is the
+    :class:`KeepUntil` value, encoded."""
+    topic = entry.topic.encode()
+    key = entry.key
+    headers = json.dumps(dict(entry.headers)).encode() if entry.headers else b""
+    return b"%d:%s:%d:%d:%d:%d:%d:%s%s%s%s" % (
+        entry.attempt, keep, entry.created_at_ms, entry.expires_at_ms, len(topic),
+        -1 if key is None else len(key), len(headers), topic, key or b"", headers, entry.value)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecordFields:
+    """A record's value, parsed (by :func:`parse_record`)."""
+
+    state: RecordState
+    owned_at_ms: int
+    next_resend_at_ms: int
+    owner: str
+    attempt: int
+    keep_until: KeepUntil
+    created_at_ms: int
+    expires_at_ms: int
+    topic: str
+    key: bytes | None
+    headers: dict[str, str]
+    value: bytes
+
+
+def parse_record(raw: bytes, *, partial: bool = False) -> RecordFields:
+    """Parse a record's value. With ``partial``, ``raw`` may be a prefix of it (``GETRANGE``)
+    that reaches past the topic: ``key``, ``headers`` and ``value`` may then be cut short.
+    Raises ValueError when ``raw`` is malformed or shorter than that."""
+    state, owned_at, next_resend_at, owner_len, rest = raw.split(b":", 4)
+    n = int(owner_len)
+    owner, body = rest[:n], rest[n:]
+    attempt, keep, created, expires, topic_len, key_len, headers_len, data = body.split(b":", 7)
+    t, k, h = int(topic_len), int(key_len), int(headers_len)
+    if len(data) < (t if partial else t + max(k, 0) + h):
+        raise ValueError("outbox record cut short")
+    key = None if k < 0 else data[t:t + k]
+    k = max(k, 0)
+    headers = data[t + k:t + k + h]
+    return RecordFields(
+        state=RecordState.PUBLISHED if state == b"1" else RecordState.PENDING,
+        owned_at_ms=int(owned_at), next_resend_at_ms=int(next_resend_at),
+        owner=owner.decode(), attempt=int(attempt),
+        keep_until=KeepUntil(keep.decode()), created_at_ms=int(created),
+        expires_at_ms=int(expires), topic=data[:t].decode(), key=key,
+        headers=dict(json.loads(headers)) if h and len(headers) == h else {},
+        value=data[t + k + h:])
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,7 +156,6 @@ class StoredRecord:
     expires_at_ms: int
     owned_at_ms: int
     next_resend_at_ms: int  # also its score in the index while pending
-    published_at_ms: int | None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,6 +168,7 @@ class ClaimedRecord:
     value: bytes
     headers: dict[str, str]
     attempt: int
+    keep_until: KeepUntil  # the record's own: its publish mark deletes it or keeps it
     expires_at_ms: int
     previous_owner: str
 

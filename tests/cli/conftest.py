@@ -93,7 +93,7 @@ def seeded(redis_client, key_prefix: str) -> Seeded:
     refunds = [outbox_record("refunds", n=10 + i) for i in range(2)]
     box.put(orders, owner="p-live", keep_until=KeepUntil.CONSUMED, resend_after_ms=600_000)
     box.put(refunds, owner="p-gone", keep_until=KeepUntil.CONSUMED, resend_after_ms=600_000)
-    box.mark_published([orders[0].id])
+    box.mark_published([orders[0].id], keep_until=KeepUntil.CONSUMED)
     billing = DedupStore(redis_client, scope="billing", keys=keys, lease_ms=60_000)
     claims = [Claim(r.id, owner_token("billing", "billing-app", "orders", 0, i), r.expires_at_ms)
               for i, r in enumerate(orders)]

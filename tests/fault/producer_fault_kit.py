@@ -87,6 +87,25 @@ def read_topic(bootstrap: str, topic: str, *, expect_ids: set[str],
     return seen, resends
 
 
+def payloads_by_partition(bootstrap: str, topic: str, *, expect: int,
+                          timeout_s: float = 60.0) -> dict[int, list[bytes]]:
+    """The envelope payloads on ``topic``, per partition in offset order (``expect`` in all)."""
+    codec = EnvelopeCodec()
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    out: dict[int, list[bytes]] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while sum(map(len, out.values())) < expect and time.monotonic() < deadline:
+            for m in consumer.consume(5000, timeout=0.5):
+                if m.error() is None:
+                    out.setdefault(m.partition(), []).append(codec.decode(m.value()).payload)
+    finally:
+        consumer.close()
+    return out
+
+
 def recovering_config(bootstrap: str, redis_url: str, prefix: str) -> ProducerConfig:
     return ProducerConfig(kafka={"bootstrap.servers": bootstrap, "message.timeout.ms": 30_000},
                           redis=RedisConfig(url=redis_url),

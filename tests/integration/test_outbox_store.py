@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import redis
@@ -14,6 +16,8 @@ from eoguard.errors import StoreUnavailableError
 from eoguard.store.keys import KeySpace
 from eoguard.store.liveness import Liveness
 from eoguard.store.outbox import Outbox, OutboxRecord, RecordState
+from eoguard.store.outbox_types import parse_record
+from eoguard.store.scripts import ScriptCall, Scripts
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration
@@ -77,7 +81,7 @@ def test_put_stores_pending_records_with_ttl_equal_to_expires_at(
 def test_put_leaves_existing_records_and_refuses_expired_ones(outbox: Outbox) -> None:
     first = record()
     put(outbox, [first])
-    outbox.mark_published([first.id])
+    outbox.mark_published([first.id], keep_until=KeepUntil.CONSUMED)
     dead = OutboxRecord(id=new_message_id(), topic="t", key=None, value=b"v",
                         created_at_ms=now_ms() - 2000, expires_at_ms=now_ms() - 1000)
     result = outbox.put([first, dead], owner="p2", keep_until=KeepUntil.CONSUMED,
@@ -93,14 +97,13 @@ def test_put_leaves_existing_records_and_refuses_expired_ones(outbox: Outbox) ->
 def test_mark_published_keeps_record_until_consumed(outbox: Outbox) -> None:
     recs = [record() for _ in range(10)]
     put(outbox, recs, keep=KeepUntil.CONSUMED)
-    result = outbox.mark_published([r.id for r in recs])
+    result = outbox.mark_published([r.id for r in recs], keep_until=KeepUntil.CONSUMED)
     assert (result.kept, result.deleted, result.missing) == (10, 0, 0)
     for rec in recs:
         stored = outbox.get(rec.id)
         assert stored is not None
         assert RecordState.PENDING.can_become(stored.state)
         assert stored.state is RecordState.PUBLISHED
-        assert stored.published_at_ms is not None
     assert outbox.pending_ids() == {}  # published records leave the index: never resent
     assert outbox.expire_times([r.id for r in recs]) == {r.id: r.expires_at_ms for r in recs}
     # The consumer's end-to-end ack deletes them.
@@ -112,7 +115,7 @@ def test_mark_published_keeps_record_until_consumed(outbox: Outbox) -> None:
 def test_mark_published_deletes_when_keep_until_published(outbox: Outbox) -> None:
     recs = [record() for _ in range(10)]
     put(outbox, recs, keep=KeepUntil.PUBLISHED)
-    result = outbox.mark_published([r.id for r in recs])
+    result = outbox.mark_published([r.id for r in recs], keep_until=KeepUntil.PUBLISHED)
     assert (result.kept, result.deleted, result.missing) == (0, 10, 0)
     assert all(outbox.get(r.id) is None for r in recs)
     assert outbox.pending_ids() == {}
@@ -122,9 +125,57 @@ def test_mark_published_never_recreates_an_acked_record(outbox: Outbox) -> None:
     rec = record()
     put(outbox, [rec])
     assert outbox.ack([rec.id]) == 1  # the consumer was faster than the delivery report
-    result = outbox.mark_published([rec.id])
+    result = outbox.mark_published([rec.id], keep_until=KeepUntil.CONSUMED)
     assert (result.kept, result.deleted, result.missing) == (0, 0, 1)
     assert outbox.expire_times([rec.id]) == {rec.id: -2}
+
+
+class CountingScripts(Scripts):
+    """Scripts that count the script calls it sends."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        super().__init__(client)
+        self.calls: list[str] = []
+
+    def run(self, calls: Sequence[ScriptCall], *, doing: str = "running a script") -> list[Any]:
+        self.calls += [c.script for c in calls]
+        return super().run(calls, doing=doing)
+
+
+@pytest.mark.parametrize("per_shard", [False, True], ids=["one-call", "cluster-per-shard"])
+def test_write_marks_and_stores_in_one_round_trip(redis_client: redis.Redis, keys: KeySpace,
+                                                  per_shard: bool) -> None:
+    """Marks of acknowledged records and new records go in one script call for every shard,
+    or (as on Redis Cluster, where a script's keys share one slot) one call per shard."""
+    scripts = CountingScripts(redis_client)
+    outbox = Outbox(redis_client, keys, scripts=scripts)
+    outbox.per_shard = per_shard
+    old = [record() for _ in range(30)]
+    put(outbox, old, keep=KeepUntil.PUBLISHED)
+    new = [record(key=None) for _ in range(30)]
+    stale = OutboxRecord(id=new_message_id(), topic="t", key=None, value=b"v",
+                         created_at_ms=now_ms() - 2000, expires_at_ms=now_ms() - 1000)
+    scripts.calls.clear()
+    stored, marked = outbox.write([*new, old[0], stale], owner="p2",
+                                  keep_until=KeepUntil.PUBLISHED, resend_after_ms=60_000,
+                                  published=[r.id for r in old[1:]])
+    groups = (len({keys.shard_of(r.id) for r in old[1:]})  # one per shard with marks
+              + len({keys.shard_of(r.id) for r in [*new, old[0], stale]}))  # and with records
+    assert groups > 2
+    assert scripts.calls == ["outbox_write"] * (groups if per_shard else 1)
+    assert sorted(stored.stored) == sorted(r.id for r in new)
+    assert (stored.existing, stored.expired) == ([old[0].id], [stale.id])
+    assert (marked.kept, marked.deleted, marked.missing) == (0, 29, 0)
+    assert all(outbox.get(r.id) is None for r in old[1:])
+    assert outbox.get(old[0].id) is not None  # stored before, left untouched
+    pending = sorted(i for ids in outbox.pending_ids().values() for i in ids)
+    assert pending == sorted([old[0].id, *(r.id for r in new)])
+    assert outbox.expire_times([r.id for r in new]) == {r.id: r.expires_at_ms for r in new}
+    for rec in new:
+        got = outbox.get(rec.id)
+        assert got is not None
+        assert (got.owner, got.key, got.value, got.keep_until) == (
+            "p2", None, rec.value, KeepUntil.PUBLISHED)
 
 
 def test_ack_of_a_pending_record_removes_it_from_the_index(outbox: Outbox) -> None:
@@ -196,11 +247,18 @@ def test_claim_sweeps_expired_records_and_never_resends_them(
     # A record Redis has not evicted yet but whose expires_at passed (clock skew, lazy expiry).
     stale = record()
     put(outbox, [stale], owner="dead")
-    redis_client.hset(keys.outbox_record(stale.id), "expires_at", now_ms() - 1)
+    stale_key = keys.outbox_record(stale.id)
+    raw = redis_client.get(stale_key)
+    assert raw is not None
+    f = parse_record(raw)
+    raw = raw.replace(b":%d:%d:" % (f.created_at_ms, f.expires_at_ms),
+                      b":%d:%d:" % (f.created_at_ms, now_ms() - 1), 1)
+    redis_client.set(stale_key, raw, keepttl=True)
+    assert parse_record(raw).expires_at_ms < now_ms()
     # A published record whose index entry was left behind.
     stray = record()
     put(outbox, [stray], owner="dead")
-    outbox.mark_published([stray.id])
+    outbox.mark_published([stray.id], keep_until=KeepUntil.CONSUMED)
     redis_client.zadd(keys.outbox_index(keys.shard_of(stray.id)), {stray.id: 0})
     time.sleep(0.3)
     batch = claim(outbox, "rescuer", [])

@@ -1,7 +1,7 @@
 -- outbox_ack: the consumer scope's end-to-end acknowledgement; ONE shard.
 --
 -- KEYS[1]   = outbox index of the shard (sorted set: message id -> next-resend time)
--- KEYS[1+i] = outbox record (hash) of message ARGV[i]
+-- KEYS[1+i] = outbox record of message ARGV[i]
 -- ARGV[i]   = message id
 -- returns   = number of outbox records deleted (an ack of an absent record is a no-op)
 --

@@ -1,7 +1,7 @@
 -- outbox_sweep: drop resend-index entries whose outbox record is gone; ONE shard.
 --
 -- KEYS[1]   = outbox index of the shard (sorted set: message id -> next-resend time)
--- KEYS[1+i] = outbox record (hash) of message ARGV[1+i]
+-- KEYS[1+i] = outbox record of message ARGV[1+i]
 -- ARGV[1]   = "1": dry run (report only) | "0": remove the entries
 -- ARGV[1+i] = message id
 -- returns   = the ids whose record is gone (expired by its TTL, or acknowledged by a
