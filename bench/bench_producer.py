@@ -28,13 +28,12 @@ import uuid
 
 import redis
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from eoguard.codec import EnvelopeCodec
 from eoguard.config import ProducerConfig, RedisConfig
 from eoguard.envelope import Envelope
 from eoguard.guard.producer import GuardedProducer
-from eoguard.stack import LocalStack
+from eoguard.stack import LocalStack, create_topics
 from eoguard.store.keys import KeySpace
 
 CODEC = EnvelopeCodec()
@@ -63,9 +62,7 @@ class CpuMeter:
 
 def make_topic(bootstrap: str, partitions: int) -> str:
     name = f"bench-producer-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])[name] \
-        .result(timeout=30)
+    create_topics(bootstrap, {name: partitions})
     return name
 
 

@@ -4,7 +4,7 @@ Every key lives under one prefix and carries a hash tag, so each multi-key scrip
 hash slot and the same code runs on Redis Cluster:
 
     {prefix}:ob:{<shard>}:idx              outbox index of shard <shard> (sorted set)
-    {prefix}:ob:{<shard>}:r:<id>           outbox record of message <id> (hash)
+    {prefix}:ob:{<shard>}:r:<id>           outbox record of message <id> (string: outbox_types.py)
     {prefix}:dd:{<scope>/<shard>}:<id>     dedup key of message <id> in consumer scope <scope>
     {prefix}:fx:{<scope>/<shard>}:<name>   a transactional handler's effect key, in the hash
                                            slot of the dedup keys of <shard> (Cluster-safe)
