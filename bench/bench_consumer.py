@@ -24,6 +24,7 @@ import argparse
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 
 import redis
 from confluent_kafka import Consumer
@@ -117,8 +118,13 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--redis-url", help="Redis for (b) and (c) (default: the local stack's); "
+                        "a private server started like the stack's (AOF, appendfsync always) "
+                        "keeps other work's keys and AOF rewrites out of the figures")
     args = parser.parse_args()
     ends, _ = LocalStack().up()
+    if args.redis_url:
+        ends = replace(ends, redis_url=args.redis_url)
     total = args.messages
     topic = make_topic(ends.kafka_bootstrap, args.partitions)
     sample = envelope(b"p" * 122, ttl_ms=3_600_000)
