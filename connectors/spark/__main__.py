@@ -67,6 +67,9 @@ def parser() -> argparse.ArgumentParser:
     add("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
         help="extra Kafka source option (e.g. kafka.security.protocol=SSL); repeatable")
     add("--query-name", help="name of the streaming query")
+    add("--reader", help="this query's name in its claim owners (scope|reader|topic|partition|"
+                         "offset); default spark-<12 hex digits of the query id>, recorded in "
+                         "the checkpoint")
     add("--master", default="local[2]", help="Spark master when not under spark-submit")
     add("--shuffle-partitions", type=int, default=4, help="spark.sql.shuffle.partitions")
     return p
@@ -91,7 +94,8 @@ def options_from(args: argparse.Namespace) -> JobOptions:
         watermark_delay=args.watermark_delay, lease_s=args.lease_s, grace_s=args.grace_s,
         busy_wait_s=args.busy_wait_s, claim_batch_size=args.claim_batch_size,
         dead_letter_expired=args.dead_letter_expired, ack_outbox=args.ack_outbox,
-        idempotent_sink=args.idempotent_sink, kafka_options=kafka, query_name=args.query_name)
+        idempotent_sink=args.idempotent_sink, kafka_options=kafka, query_name=args.query_name,
+        reader=args.reader)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -32,6 +32,13 @@ class JobOptions:
     micro-batch); a ``foreach_batch`` hook given to :func:`connectors.spark.job.build_query`
     may replace or complement it. ``lease_s`` must outlast a micro-batch from claim to done
     mark, or a GuardedConsumer of the scope may take a claim over and handle the message too.
+
+    ``reader`` names this query in its claim owners, ``scope|reader|topic|partition|offset``
+    (a GuardedConsumer names its group id there): two readers of one record in one scope are
+    two owners, so only one handles it. It must be unique among the scope's readers and stay
+    the same for a checkpoint (a replayed micro-batch re-owns its claims through it), so the
+    first batch records it in the checkpoint; by default it is ``spark-`` and the first 12 hex
+    digits of the query id Spark keeps in the checkpoint.
     """
 
     bootstrap: str
@@ -60,6 +67,7 @@ class JobOptions:
     idempotent_sink: bool = False
     kafka_options: Mapping[str, str] = field(default_factory=dict, repr=False)
     query_name: str | None = None
+    reader: str | None = None
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -72,6 +80,8 @@ class JobOptions:
         if not self.checkpoint:
             raise ConfigError("checkpoint (a durable directory per query) must be given")
         object.__setattr__(self, "dedup", DedupMode(self.dedup))
+        if self.reader is not None and (not self.reader.strip() or "\n" in self.reader):
+            raise ConfigError(f"reader {self.reader!r} must be non-empty, on one line")
         self.keyspace()  # validates prefix and shards
         for name in ("lease_s", "grace_s", "busy_wait_s", "claim_batch_size"):
             if getattr(self, name) <= 0:

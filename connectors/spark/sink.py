@@ -10,6 +10,10 @@ directory left by an older query on the same path is replaced, not taken for our
 replay after a crash between the sinks' commit and Spark's own commit skips the sinks (a
 user's ``foreach_batch`` hook included) instead of running them on a different row set.
 
+:func:`resolve_reader` keeps in the checkpoint the reader this query's claim owners name
+(``scope|reader|topic|partition|offset``), so a driver restarted from the checkpoint re-owns
+the claims of the batch it replays, whatever name it is started with.
+
 File operations go through Hadoop's FileSystem of the path (local, HDFS, object stores).
 The rename is atomic on local disks and HDFS; on object stores it is a copy, so a crash
 mid-rename can leave a partial directory without its marker, which the next attempt replaces.
@@ -24,12 +28,16 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["BatchLedger", "HadoopFs", "ParquetBatchSink", "query_id_of"]
+from eoguard.errors import ConfigError
+
+__all__ = ["BatchLedger", "HadoopFs", "ParquetBatchSink", "default_reader", "query_id_of",
+           "recorded_reader", "resolve_reader"]
 
 log = logging.getLogger(__name__)
 
 COMMIT_MARKER = "_EOGUARD_COMMITTED"
 TMP_DIR = "_eoguard_tmp"
+READER_FILE = "eoguard/reader"
 
 
 class HadoopFs:
@@ -85,6 +93,44 @@ def query_id_of(spark: SparkSession, checkpoint: str) -> str:
     if text is None:
         raise RuntimeError(f"no query metadata in checkpoint {checkpoint}; has the query started?")
     return str(json.loads(text.splitlines()[0])["id"])
+
+
+def recorded_reader(spark: SparkSession, checkpoint: str) -> str | None:
+    """The reader recorded in ``<checkpoint>/eoguard/reader``, or None before the first batch."""
+    text = HadoopFs(spark, checkpoint).read_text(f"{checkpoint.rstrip('/')}/{READER_FILE}")
+    if text is None or not text.strip():  # an empty file: a crash hit while writing it
+        return None
+    return text.strip()
+
+
+def default_reader(query_id: str) -> str:
+    """``spark-`` and the first 12 hex digits (48 random bits) of the query id: unique among
+    a scope's readers, and short (it is in every claim's owner token, sent at claim and done)."""
+    return "spark-" + query_id.replace("-", "")[:12]
+
+
+def resolve_reader(spark: SparkSession, checkpoint: str, configured: str | None) -> str:
+    """The reader of this query's claim owners, recorded in the checkpoint at the first batch.
+
+    Once recorded it is the query's reader for good: a replayed micro-batch must name the
+    same owner to re-own its claims, so a ``configured`` reader that differs is refused. The
+    default is ``spark-<query id>`` (the id Spark keeps in the checkpoint): unique per query,
+    stable across driver restarts.
+    """
+    recorded = recorded_reader(spark, checkpoint)
+    if recorded is not None:
+        if configured is not None and configured != recorded:
+            raise ConfigError(reader_mismatch(checkpoint, recorded, configured))
+        return recorded
+    reader = configured or default_reader(query_id_of(spark, checkpoint))
+    HadoopFs(spark, checkpoint).write_text(f"{checkpoint.rstrip('/')}/{READER_FILE}", reader)
+    return reader
+
+
+def reader_mismatch(checkpoint: str, recorded: str, configured: str) -> str:
+    return (f"reader {configured!r} differs from {recorded!r}, the reader recorded in "
+            f"checkpoint {checkpoint}: a replayed micro-batch would not re-own its claims. "
+            f"Keep reader={recorded!r} (or leave it unset) for this checkpoint.")
 
 
 class ParquetBatchSink:

@@ -123,6 +123,8 @@ def test_payload_decodes_into_columns_with_its_schema(spark: SparkSession) -> No
 
 
 def test_owner_column_spells_eoguards_owner_token(spark: SparkSession) -> None:
-    df = kafka_rows(spark, [b"a", b"b"]).select(owner_column("billing").alias("owner"), "offset")
+    df = kafka_rows(spark, [b"a", b"b"]).select(owner_column("billing", "spark-q1").alias("owner"),
+                                                "offset")
     assert {r["owner"] for r in df.collect()} == {
-        owner_token("billing", "orders", 3, 0), owner_token("billing", "orders", 3, 1)}
+        owner_token("billing", "spark-q1", "orders", 3, 0),
+        owner_token("billing", "spark-q1", "orders", 3, 1)}

@@ -1,11 +1,15 @@
 """The job and a GuardedConsumer in one scope share the Redis dedup keys: whichever handles a
-message first, the other drops it."""
+message first, the other drops it, one after the other and at the same time on one topic."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
+from typing import Any
 
 import pytest
+from pyspark.sql import DataFrame
 
 from eoguard.guard.consumer import GuardedConsumer
 from eoguard.guard.handler import HandlerContext
@@ -49,3 +53,75 @@ def test_job_and_guarded_consumer_in_one_scope_handle_each_message_once(
         assert Counter(handled) == Counter(e.id for e in by_consumer)  # nothing new handled
     print(f"consumer handled={len(handled)} job wrote={sum(out.values())} "
           f"consumer duplicates={consumer.stats().duplicates}")
+
+
+def test_job_and_guarded_consumer_reading_one_topic_at_once_handle_each_message_once(
+        spark, new_topic, kafka_bootstrap, redis_url, key_prefix, job_options, run_job) -> None:
+    """Both read the same records at the same time: their claim owners differ by reader (the
+    consumer's group id, the job's query), so each message is handled by exactly one of them.
+
+    The consumer's first handler call waits for the job's first micro-batch to finish, so
+    both sides surely take part: the job waits on the consumer's claims, skips them as busy
+    (the consumer handles them), and later batches race with the consumer record by record.
+    """
+    topic = new_topic(4)
+    sent = [envelope(b"x%d" % i) for i in range(400)]
+    for p in range(4):
+        produce(kafka_bootstrap, topic, sent[p::4], partition=p)
+    handled: list[str] = []
+    job_batch_done = threading.Event()
+    stop = threading.Event()
+    failure: list[BaseException] = []
+    consumer_stats: list[Any] = []
+
+    def handler(ctx: HandlerContext) -> None:
+        if not handled:
+            assert job_batch_done.wait(180), "the job's first batch did not finish"
+        handled.append(ctx.message_id)
+        time.sleep(0.005)  # keep the consumer busy while the job's batches run
+
+    config = consumer_config(kafka_bootstrap, redis_url, [topic], prefix=key_prefix, scope="app",
+                             dead_letter_topic=new_topic(1, prefix="dlq"), batch_size=25,
+                             busy_wait_s=20.0)
+
+    def consume() -> None:
+        try:
+            with GuardedConsumer(config, handler=handler) as consumer:
+                while not stop.is_set():
+                    consumer.poll_once()
+                consumer_stats.append(consumer.stats())
+        except BaseException as exc:  # reported by the test thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    options = job_options([topic], scope="app", max_offsets_per_trigger=100, busy_wait_s=2.0)
+
+    def first_batch_written(_df: DataFrame, _batch_id: int) -> None:
+        job_batch_done.set()  # the batch's claims are settled and its output committed
+
+    try:
+        stats = run_job(options, foreach_batch=first_batch_written)
+        out = Counter(r["id"] for r in spark.read.parquet(options.output_path).collect())
+        everything = Counter(e.id for e in sent)
+        deadline = time.monotonic() + 120
+        while Counter(handled) + out != everything and time.monotonic() < deadline \
+                and not failure:
+            time.sleep(0.2)
+        time.sleep(1.0)  # a few more polls: nothing may be handled twice after that either
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not failure, failure
+    rows: Counter[str] = Counter()
+    for batch in stats:
+        rows.update(batch.rows)
+    [cstats] = consumer_stats
+    print(f"same topic at once: consumer handled={len(handled)} job wrote={sum(out.values())} "
+          f"total={len(handled) + sum(out.values())} of {len(sent)}; job statuses={dict(rows)}; "
+          f"consumer duplicates={cstats.duplicates} busy_waits={cstats.busy_waits} "
+          f"busy_skipped={cstats.busy_skipped}")
+    assert Counter(handled) + out == everything, "every message exactly once in total"
+    assert not set(handled) & set(out)
+    assert handled, "the consumer handled some of the messages"
+    assert out, "the job wrote some of the messages"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,10 @@ import pytest
 import redis
 from pyspark.sql import DataFrame, SparkSession
 
-from connectors.spark import DedupMode
-from eoguard.store.dedup import Claim, DedupState, DedupStore
+from connectors.spark import DedupMode, build_query
+from connectors.spark.sink import default_reader, query_id_of
+from eoguard.errors import ConfigError
+from eoguard.store.dedup import Claim, DedupState, DedupStore, owner_token
 from eoguard.store.keys import KeySpace
 from tests.consumer_kit import envelope, produce
 
@@ -65,7 +68,11 @@ def test_duplicates_in_the_topic_come_out_once(spark, new_topic, kafka_bootstrap
     entry = store.check(originals[0].id)
     assert entry is not None
     assert entry.state is DedupState.DONE
-    assert entry.owner.startswith(f"app|{topic}|")
+    # The default reader names the query by the id its checkpoint keeps, and is recorded there.
+    reader = default_reader(query_id_of(spark, options.checkpoint))
+    assert reader.startswith("spark-")
+    assert entry.owner.startswith(f"app|{reader}|{topic}|")
+    assert (Path(options.checkpoint) / "eoguard" / "reader").read_text() == reader
 
 
 def test_claims_held_elsewhere_are_waited_on_then_taken_over_or_skipped(
@@ -75,7 +82,7 @@ def test_claims_held_elsewhere_are_waited_on_then_taken_over_or_skipped(
     produce(kafka_bootstrap, topic, [lapsing, held, free])
     options = job_options([topic], busy_wait_s=4.0)
     keys = KeySpace(prefix=options.key_prefix)
-    elsewhere = "app|other-topic|0|"  # e.g. a GuardedConsumer of the scope, mid-handling
+    elsewhere = "app|a-group|other-topic|0|"  # e.g. a GuardedConsumer of the scope, mid-handling
     DedupStore(redis_client, scope="app", keys=keys, lease_ms=1_500).claim(
         [Claim(lapsing.id, elsewhere + "1", lapsing.expires_at_ms)])
     DedupStore(redis_client, scope="app", keys=keys, lease_ms=600_000).claim(
@@ -98,9 +105,9 @@ def test_a_replay_re_owns_the_copy_its_earlier_attempt_claimed(
     topic = new_topic(1)
     message = envelope(b"twice")
     produce(kafka_bootstrap, topic, [message, message.with_attempt(2)])  # offsets 0 and 1
-    options = job_options([topic], busy_wait_s=3.0, lease_s=600.0)
+    options = job_options([topic], busy_wait_s=3.0, lease_s=600.0, reader="replayer")
     DedupStore(redis_client, scope="app", keys=KeySpace(prefix=options.key_prefix),
-               lease_ms=600_000).claim([Claim(message.id, f"app|{topic}|0|1",
+               lease_ms=600_000).claim([Claim(message.id, owner_token("app", "replayer", topic, 0, 1),
                                               message.expires_at_ms)])
 
     stats = run_job(options)
@@ -176,6 +183,20 @@ def test_a_batch_whose_sink_never_committed_is_written_again(spark, new_topic, k
     assert ids_of(spark, options.output_path) == Counter(e.id for e in sent)
     assert totals(again)["mine"] == 12
     assert again[0].done == 12
+
+
+def test_a_checkpoint_keeps_its_reader(spark, new_topic, kafka_bootstrap, job_options,
+                                       run_job) -> None:
+    """Restarting a checkpoint under another reader would orphan its claims: refused."""
+    topic = new_topic(1)
+    produce(kafka_bootstrap, topic, [envelope(b"k%d" % i) for i in range(3)])
+    options = job_options([topic], reader="billing-job")
+    assert totals(run_job(options))["new"] == 3
+
+    with pytest.raises(ConfigError, match="billing-job"):
+        build_query(spark, replace(options, reader="renamed-job"))
+    produce(kafka_bootstrap, topic, [envelope(b"late")])
+    assert totals(run_job(replace(options, reader=None)))["new"] == 1  # unset: the recorded one
 
 
 def test_watermark_mode_drops_duplicates_within_the_query(spark, new_topic, kafka_bootstrap,
