@@ -67,17 +67,19 @@ class BatchProcessor:
     Step 1. If the ledger says the sinks committed ``N`` (a crash hit after that), go to
             Step 5: nothing is claimed or written again.
     Step 2. Redis mode: claim the batch's ids on the executors (owner = this query's reader
-            and the record's source position, the reader being kept in the checkpoint);
-            claims another owner holds (BUSY) are resolved after the pass: a duplicate of a
-            row this batch claimed is dropped, others are waited on and claimed again. The
-            classified rows are cached for Steps 3-4 and counted by status.
+            and the record's source position, the reader being kept in the checkpoint); a
+            claim this query holds at another position is a duplicate at once. Claims another
+            reader holds (BUSY) are resolved after the pass: a duplicate of a row this batch
+            won is dropped, others are waited on and claimed again. The classified rows are
+            cached for Steps 3-4 and counted by status.
     Step 3. Dead letters (malformed, expired), then the accepted rows to the Parquet sink:
             written to a temporary directory and renamed to ``batch_id=N`` (replace, never
             append). If the Parquet sink committed ``N`` already, its rows are the batch's.
     Step 4. The user's ``foreach_batch(rows, N)``; then the ledger records ``N``.
-    Step 5. Redis mode: mark the claims done on the executors, a second pass over the
-            ``(id, owner)`` of what the sinks hold; only now can duplicates elsewhere in the
-            scope be dropped for good, and the senders' outbox records be acknowledged.
+    Step 5. Redis mode: mark the claims done on the executors, a second pass (one task per
+            core) over the ``(id, owner)`` of what the sinks hold; only now can duplicates
+            elsewhere in the scope be dropped for good, and the senders' outbox records be
+            acknowledged.
     """
 
     def __init__(self, spark: SparkSession, options: JobOptions, *,
@@ -157,8 +159,6 @@ class BatchProcessor:
         with stats.phase("classify"):
             if self.options.dedup is DedupMode.REDIS:  # Step 2.
                 first_pass = replace(self.settings, busy_wait_ms=0)
-                if "coalesce" in self.settings.experiment:  # EXPERIMENT
-                    df = df.coalesce(self.spark.sparkContext.defaultParallelism)
                 owned = df.withColumn("owner", owner_column(self.options.scope, self.reader()))
                 classified = keep(owned.withColumn("status", claim_status(first_pass)))
                 if stats.rows.pop(RowStatus.BUSY.value, 0):
@@ -168,8 +168,6 @@ class BatchProcessor:
                                   .unionByName(settled))
                 columns.append("owner")
             else:
-                if "allcoalesce" in self.settings.experiment:  # EXPERIMENT
-                    df = df.coalesce(self.spark.sparkContext.defaultParallelism)
                 classified = keep(df)
         with stats.phase("sinks"):
             to_dead = RowStatus.to_dead_letter(expired=self.options.dead_letter_expired)

@@ -1,39 +1,24 @@
-"""What the executors run against Redis: one Spark partition's claims, and its done marks.
+"""The claim pass on the executors: one Spark partition's rows claimed against Redis.
 
-Plain Python over Arrow arrays (no pyspark): :mod:`connectors.spark.dedup` wraps these in an
-Arrow UDF (claims) and a ``mapInArrow`` (done marks). Each partition opens one Redis
-connection and sends its ids ``batch_size`` per round trip through
-:class:`eoguard.store.dedup.DedupStore` (one script call per hash slot), the very keys and
-claim rules a GuardedConsumer of the scope uses.
+Plain Python over Arrow arrays (no pyspark): :mod:`connectors.spark.dedup` wraps
+:func:`claim_partition` in an Arrow UDF. Which copy of an id wins is decided by Redis, so a
+replay re-owns the copy its earlier attempt claimed however Spark partitions it.
 """
 
 from __future__ import annotations
 
-import functools
-import gc
 import time
-from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 
 import pyarrow as pa
 import redis
 
 from connectors.spark.decode import RowStatus
-from connectors.spark.options import JobOptions
-from eoguard.store.dedup import (
-    Claim,
-    ClaimResult,
-    DedupState,
-    DedupStore,
-    DoneResult,
-    read_entries,
-)
-from eoguard.store.keys import KeySpace
-from eoguard.store.outbox import Outbox
+from connectors.spark.worker import IN_FLIGHT, ClaimSettings, freeze_loaded_objects, in_flight
+from eoguard.store.dedup import Claim, ClaimResult, DedupState, read_entries
 
-__all__ = ["ClaimInput", "ClaimSettings", "claim_partition", "done_partition"]
+__all__ = ["ClaimInput", "claim_partition"]
 
 ClaimInput = tuple[pa.Array, pa.Array, pa.Array, pa.Array]  # id, owner, expires_at_ms, status
 
@@ -54,40 +39,6 @@ _HANDLED = frozenset(r for r in ClaimResult if r.should_handle)
 _BUSY_POLL_S = 0.5  # how often a BUSY claim is retried: the other owner may finish any time
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ClaimSettings:
-    """What an executor needs to reach the scope's dedup keys (pickled into each task)."""
-
-    redis_url: str
-    key_prefix: str
-    key_shards: int
-    scope: str
-    lease_ms: int
-    grace_ms: int
-    busy_wait_ms: int
-    batch_size: int
-    ack_outbox: bool
-    experiment: str = ""  # EXPERIMENT
-
-    @classmethod
-    def of(cls, options: JobOptions) -> ClaimSettings:
-        return cls(redis_url=options.redis_url, key_prefix=options.key_prefix,
-                   key_shards=options.key_shards, scope=options.scope,
-                   lease_ms=int(options.lease_s * 1000), grace_ms=int(options.grace_s * 1000),
-                   busy_wait_ms=int(options.busy_wait_s * 1000),
-                   batch_size=options.claim_batch_size, ack_outbox=options.ack_outbox)
-
-    def keyspace(self) -> KeySpace:
-        return KeySpace(prefix=self.key_prefix, shards=self.key_shards)
-
-    def connect(self) -> redis.Redis[bytes]:
-        return redis.Redis.from_url(self.redis_url, socket_timeout=30, socket_connect_timeout=10)
-
-    def store(self, client: redis.Redis[bytes]) -> DedupStore:
-        return DedupStore(client, scope=self.scope, keys=self.keyspace(),
-                          lease_ms=self.lease_ms, grace_ms=self.grace_ms)
-
-
 def _reader_of(owner: str) -> str:
     """``scope|reader`` of an owner token (topics hold no ``|``: it parses from the right)."""
     return owner.rsplit("|", 3)[0]
@@ -96,10 +47,12 @@ def _reader_of(owner: str) -> str:
 class _Partition:
     """The claims of one Spark partition: its store, and the ids it won so far."""
 
-    def __init__(self, settings: ClaimSettings, client: redis.Redis[bytes]) -> None:
+    def __init__(self, settings: ClaimSettings, client: redis.Redis[bytes],
+                 pool: ThreadPoolExecutor) -> None:
         self.settings = settings
         self.client = client
         self.store = settings.store(client)
+        self.pool = pool  # round trips in flight
         self.won: set[str] = set()  # a later copy of one of these is a duplicate
 
     def claim_batch(self, arrays: ClaimInput) -> pa.Array:
@@ -175,10 +128,10 @@ class _Partition:
         store, size = self.store, self.settings.batch_size
         results: list[ClaimResult] = []
         lease_ms: dict[int, int] = {}
-        for start in range(0, len(claims), size):
-            [report] = store.run([store.prepare_claim(claims[start:start + size])],
-                                 "claiming a batch")
-            lease_ms.update((start + j, left) for j, left in report.lease_ms.items())
+        chunks = (store.prepare_claim(claims[start:start + size])
+                  for start in range(0, len(claims), size))
+        for report in in_flight(store, chunks, "claiming a batch", self.pool):
+            lease_ms.update((len(results) + j, left) for j, left in report.lease_ms.items())
             results += report.results
         return results, lease_ms
 
@@ -192,7 +145,7 @@ class _Partition:
             for claim in chunk:
                 entry = entries.get(claim.key)
                 out.append(entry is not None and (
-                    entry.state is DedupState.DONE
+                    entry.state is not DedupState.CLAIMED  # done (or done, partially)
                     or _reader_of(entry.owner) == _reader_of(claim.owner)))
         return out
 
@@ -228,17 +181,6 @@ class _Partition:
         return out
 
 
-@functools.cache
-def _freeze_loaded_objects() -> None:
-    """Take the objects loaded so far out of this worker's garbage collections (once).
-
-    PySpark's daemon runs ``gc.collect()`` after every task; with pyarrow, pandas, redis and
-    eoguard loaded, each one walks every module's objects: ~40 ms of CPU per task, more than
-    a small partition's claims cost. Objects loaded once stay alive anyway.
-    """
-    gc.freeze()
-
-
 def claim_partition(settings: ClaimSettings, batches: Iterator[ClaimInput]
                     ) -> Iterator[pa.Array]:
     """The status of each row after claiming, one Arrow array per input batch.
@@ -246,10 +188,11 @@ def claim_partition(settings: ClaimSettings, batches: Iterator[ClaimInput]
     Rows with status ``ok`` are claimed and get the claim's outcome (``new``, ``mine``,
     ``taken_over``, ``duplicate``, ``busy``, ``expired``); other rows keep their status.
     """
-    _freeze_loaded_objects()
+    freeze_loaded_objects()
     client = settings.connect()
+    pool = ThreadPoolExecutor(IN_FLIGHT, "eoguard-redis")
     try:
-        partition = _Partition(settings, client)
+        partition = _Partition(settings, client, pool)
         # Batch k is claimed on a helper thread while this one reads batch k+1, which Spark
         # decodes meanwhile; one helper, so batches are claimed in order.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="eoguard-claims") as helper:
@@ -262,34 +205,5 @@ def claim_partition(settings: ClaimSettings, batches: Iterator[ClaimInput]
             if previous is not None:
                 yield previous.result()
     finally:
+        pool.shutdown()
         client.close()
-
-
-def done_partition(settings: ClaimSettings, batches: Iterator[pa.RecordBatch]
-                   ) -> Counter[DoneResult]:
-    """Mark the claims of rows ``(id, owner, expires_at_ms)`` done; counts by outcome.
-
-    With ``ack_outbox`` the senders' outbox records are acknowledged in the same round trip.
-    """
-    _freeze_loaded_objects()
-    counts: Counter[DoneResult] = Counter()
-    client = settings.connect()
-    try:
-        store = settings.store(client)
-        outbox = Outbox(client, settings.keyspace()) if settings.ack_outbox else None
-        size = settings.batch_size
-        for batch in batches:
-            ids: list[str] = batch.column("id").to_pylist()
-            owners: list[str] = batch.column("owner").to_pylist()
-            expires: list[int] = batch.column("expires_at_ms").to_pylist()
-            for start in range(0, len(ids), size):
-                end = min(start + size, len(ids))
-                claims = [Claim(*row) for row in zip(ids[start:end], owners[start:end],
-                                                     expires[start:end], strict=True)]
-                extra = outbox.ack_calls(ids[start:end]) if outbox else []
-                [report] = store.run([store.prepare_done(claims, extra=extra)],
-                                     "marking a batch done")
-                counts.update(report.results)
-    finally:
-        client.close()
-    return counts

@@ -23,8 +23,9 @@ from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql.pandas.functions import arrow_udf
 from pyspark.sql.types import LongType, StructField, StructType
 
-from connectors.spark.claims import ClaimSettings, claim_partition, done_partition
+from connectors.spark.claims import claim_partition
 from connectors.spark.decode import RowStatus
+from connectors.spark.worker import ClaimSettings, done_partition
 from eoguard.store.dedup import DoneResult
 
 __all__ = ["DONE_COUNTS_SCHEMA", "ClaimSettings", "claim_status", "mark_done_partitions",
@@ -108,8 +109,8 @@ def mark_done_partitions(settings: ClaimSettings) -> ArrowMap:
         yield pa.RecordBatch.from_pydict({
             "done": [counts[DoneResult.OK]],
             "already_done": [counts[DoneResult.ALREADY_DONE]],
-            "not_owned": [counts[DoneResult.NOT_OWNED] + counts[DoneResult.EFFECT_ERROR]
-                          + counts[DoneResult.ABSENT]],
+            "not_owned": [counts.total() - counts[DoneResult.OK]  # NOT_OWNED, ABSENT, ...
+                          - counts[DoneResult.ALREADY_DONE]],
         }, schema=pa.schema([("done", pa.int64()), ("already_done", pa.int64()),
                              ("not_owned", pa.int64())]))
 

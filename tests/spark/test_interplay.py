@@ -60,15 +60,17 @@ def test_job_and_guarded_consumer_reading_one_topic_at_once_handle_each_message_
     """Both read the same records at the same time: their claim owners differ by reader (the
     consumer's group id, the job's query), so each message is handled by exactly one of them.
 
-    The consumer's first handler call waits for the job's first micro-batch to finish, so
-    both sides surely take part: the job waits on the consumer's claims, skips them as busy
-    (the consumer handles them), and later batches race with the consumer record by record.
+    The job starts once the consumer holds its first claims, and the consumer's first handler
+    call waits for the job's first micro-batch to be written, so both sides surely take part:
+    the job waits on the consumer's claims, skips them as busy (the consumer handles them),
+    and later batches race with the consumer record by record.
     """
     topic = new_topic(4)
     sent = [envelope(b"x%d" % i) for i in range(400)]
     for p in range(4):
         produce(kafka_bootstrap, topic, sent[p::4], partition=p)
     handled: list[str] = []
+    consumer_holds_claims = threading.Event()
     job_batch_done = threading.Event()
     stop = threading.Event()
     failure: list[BaseException] = []
@@ -76,6 +78,7 @@ def test_job_and_guarded_consumer_reading_one_topic_at_once_handle_each_message_
 
     def handler(ctx: HandlerContext) -> None:
         if not handled:
+            consumer_holds_claims.set()
             assert job_batch_done.wait(180), "the job's first batch did not finish"
         handled.append(ctx.message_id)
         time.sleep(0.005)  # keep the consumer busy while the job's batches run
@@ -93,14 +96,15 @@ def test_job_and_guarded_consumer_reading_one_topic_at_once_handle_each_message_
         except BaseException as exc:  # reported by the test thread
             failure.append(exc)
 
-    thread = threading.Thread(target=consume, daemon=True)
-    thread.start()
     options = job_options([topic], scope="app", max_offsets_per_trigger=100, busy_wait_s=2.0)
 
     def first_batch_written(_df: DataFrame, _batch_id: int) -> None:
         job_batch_done.set()  # the batch's claims are settled and its output committed
 
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
     try:
+        assert consumer_holds_claims.wait(120), f"the consumer claimed nothing: {failure}"
         stats = run_job(options, foreach_batch=first_batch_written)
         out = Counter(r["id"] for r in spark.read.parquet(options.output_path).collect())
         everything = Counter(e.id for e in sent)

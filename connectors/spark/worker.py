@@ -1,0 +1,128 @@
+"""What the executors' Python workers share: the settings a task gets, round trips kept in
+flight, and the done pass.
+
+Plain Python over Arrow (no pyspark), like :mod:`connectors.spark.claims` (the claim pass);
+:mod:`connectors.spark.dedup` wraps both into Spark passes. Each task opens one Redis client and
+sends its ids ``batch_size`` per round trip through :class:`eoguard.store.dedup.DedupStore`
+(one script call per hash slot), the very keys and rules a GuardedConsumer of the scope uses.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import redis
+
+from connectors.spark.options import JobOptions
+from eoguard.store.dedup import Claim, DedupStore, DoneReport, DoneResult
+from eoguard.store.keys import KeySpace
+from eoguard.store.outbox import Outbox
+from eoguard.store.scripts import Prepared
+
+__all__ = ["IN_FLIGHT", "ClaimSettings", "done_partition", "freeze_loaded_objects", "in_flight"]
+
+IN_FLIGHT = 3  # round trips a task keeps in flight (see in_flight)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClaimSettings:
+    """What an executor needs to reach the scope's dedup keys (pickled into each task)."""
+
+    redis_url: str
+    key_prefix: str
+    key_shards: int
+    scope: str
+    lease_ms: int
+    grace_ms: int
+    busy_wait_ms: int
+    batch_size: int
+    ack_outbox: bool
+
+    @classmethod
+    def of(cls, options: JobOptions) -> ClaimSettings:
+        return cls(redis_url=options.redis_url, key_prefix=options.key_prefix,
+                   key_shards=options.key_shards, scope=options.scope,
+                   lease_ms=int(options.lease_s * 1000), grace_ms=int(options.grace_s * 1000),
+                   busy_wait_ms=int(options.busy_wait_s * 1000),
+                   batch_size=options.claim_batch_size, ack_outbox=options.ack_outbox)
+
+    def keyspace(self) -> KeySpace:
+        return KeySpace(prefix=self.key_prefix, shards=self.key_shards)
+
+    def connect(self) -> redis.Redis[bytes]:
+        return redis.Redis.from_url(self.redis_url, socket_timeout=30, socket_connect_timeout=10)
+
+    def store(self, client: redis.Redis[bytes]) -> DedupStore:
+        return DedupStore(client, scope=self.scope, keys=self.keyspace(),
+                          lease_ms=self.lease_ms, grace_ms=self.grace_ms)
+
+
+def in_flight(store: DedupStore, prepared: Iterable[Prepared[T]], doing: str,
+              pool: ThreadPoolExecutor) -> Iterator[T]:
+    """Send each prepared chunk as one round trip, up to ``IN_FLIGHT`` at a time on ``pool``
+    (each on its own connection of the client's pool); the replies, in order.
+
+    Redis (``appendfsync always``) syncs its log once per event-loop pass before it answers,
+    and a pass reads at most 16 KB per connection: chunks in flight on several connections
+    share those syncs instead of waiting for one each.
+    """
+    flight: deque[Future[list[Any]]] = deque()
+    for chunk in prepared:
+        flight.append(pool.submit(store.run, [chunk], doing))
+        if len(flight) >= IN_FLIGHT:
+            yield flight.popleft().result()[0]
+    while flight:
+        yield flight.popleft().result()[0]
+
+
+@functools.cache
+def freeze_loaded_objects() -> None:
+    """Take the objects loaded so far out of this worker's garbage collections (once).
+
+    PySpark's daemon runs ``gc.collect()`` after every task; with pyarrow, pandas, redis and
+    eoguard loaded, each one walks every module's objects: ~40 ms of CPU per task, more than
+    a small partition's claims cost. Objects loaded once stay alive anyway.
+    """
+    gc.freeze()
+
+
+def done_partition(settings: ClaimSettings, batches: Iterator[pa.RecordBatch]
+                   ) -> Counter[DoneResult]:
+    """Mark the claims of rows ``(id, owner, expires_at_ms)`` done; counts by outcome.
+
+    With ``ack_outbox`` the senders' outbox records are acknowledged in the same round trip.
+    """
+    freeze_loaded_objects()
+    counts: Counter[DoneResult] = Counter()
+    client = settings.connect()
+    try:
+        store = settings.store(client)
+        outbox = Outbox(client, settings.keyspace()) if settings.ack_outbox else None
+        size = settings.batch_size
+
+        def chunks() -> Iterator[Prepared[DoneReport]]:
+            for batch in batches:
+                ids: list[str] = batch.column("id").to_pylist()
+                owners: list[str] = batch.column("owner").to_pylist()
+                expires: list[int] = batch.column("expires_at_ms").to_pylist()
+                for start in range(0, len(ids), size):
+                    end = min(start + size, len(ids))
+                    claims = [Claim(*row) for row in zip(ids[start:end], owners[start:end],
+                                                         expires[start:end], strict=True)]
+                    extra = outbox.ack_calls(ids[start:end]) if outbox else []
+                    yield store.prepare_done(claims, extra=extra)
+
+        with ThreadPoolExecutor(IN_FLIGHT, "eoguard-redis") as pool:
+            for report in in_flight(store, chunks(), "marking a batch done", pool):
+                counts.update(report.results)
+    finally:
+        client.close()
+    return counts
