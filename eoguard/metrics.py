@@ -37,6 +37,7 @@ Consumer (``GuardedConsumer.stats()``):
     eoguard_consumer_polled_total               counter  records consumed from Kafka
     eoguard_consumer_handled_total              counter  messages handled and marked done
     eoguard_consumer_duplicates_dropped_total   counter  duplicates skipped (already done in the scope)
+    eoguard_consumer_redelivered_total          counter  records read again after their own done mark
     eoguard_consumer_fenced_total               counter  done marks refused: another owner finished first
     eoguard_consumer_expired_total              counter  messages dropped as expired
     eoguard_consumer_dead_lettered_total        counter  records routed to the dead-letter topic
@@ -112,6 +113,8 @@ CONSUMER_METRICS: dict[str, tuple[str, str, float, str]] = {
     "handled": ("eoguard_consumer_handled", "counter", 1, "Messages handled and marked done."),
     "duplicates": ("eoguard_consumer_duplicates_dropped", "counter", 1,
                    "Duplicates skipped: already done in the scope."),
+    "redelivered": ("eoguard_consumer_redelivered", "counter", 1,
+                    "Records read again after their own done mark (a commit or reply lost)."),
     "fenced": ("eoguard_consumer_fenced", "counter", 1, "Done marks refused: another owner finished."),
     "expired": ("eoguard_consumer_expired", "counter", 1, "Messages dropped as expired."),
     "dead_lettered": ("eoguard_consumer_dead_lettered", "counter", 1,

@@ -27,6 +27,7 @@ _STATUS_OF = {
     ClaimResult.MINE: RowStatus.MINE.value,
     ClaimResult.TAKEN_OVER: RowStatus.TAKEN_OVER.value,
     ClaimResult.DONE: RowStatus.DUPLICATE.value,
+    ClaimResult.REDELIVERED: RowStatus.DUPLICATE.value,  # in a sink committed before the replay
     ClaimResult.BUSY: RowStatus.BUSY.value,
     ClaimResult.EXPIRED: RowStatus.EXPIRED.value,
     # done by another reader whose effects half applied: done for the job (it passes no

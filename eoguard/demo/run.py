@@ -247,7 +247,7 @@ class Demo:
                                 guaranteed=guaranteed, expired_ids=injected.expired_ids,
                                 late=observe.late_count(client, self.keys, n.scope))
         consumer.duplicates_dropped = sum(int(s.get("duplicates", 0)) + int(s.get("fenced", 0))
-                                          for s in stats)
+                                          + int(s.get("redelivered", 0)) for s in stats)
         consumer.expired_dropped = sum(int(s.get("expired", 0)) for s in stats)
         consumer.dead_lettered = len(dead)
         report.scopes.append(consumer)

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 
 _NEW, _MINE, _TAKEN_OVER = ClaimResult.NEW, ClaimResult.MINE, ClaimResult.TAKEN_OVER
 _BUSY, _DUPLICATE, _PARTIAL_DONE = ClaimResult.BUSY, ClaimResult.DONE, ClaimResult.PARTIAL
+_REDELIVERED = ClaimResult.REDELIVERED
 _OK, _EFFECT_ERROR, _ABSENT = DoneResult.OK, DoneResult.EFFECT_ERROR, DoneResult.ABSENT
 _PARTIAL = DoneResult.PARTIAL
 
@@ -58,6 +59,7 @@ class ConsumerStats:
     polled: int = 0
     handled: int = 0
     duplicates: int = 0  # DONE at claim time: handled before (by this scope)
+    redelivered: int = 0  # read again after its own done mark landed (a commit or reply lost)
     fenced: int = 0  # handled here, but the done mark was refused (another owner finished)
     partial_effects: int = 0  # effects failed midway: marked done, dead-lettered, needs repair
     expired: int = 0
@@ -90,12 +92,6 @@ class Batch:
 
     def claims(self) -> list[Claim]:
         return [item.claim for item in self.items]
-
-    def extend(self, later: Batch) -> None:
-        """Append the records of a batch consumed after this one (neither claimed yet)."""
-        self.msgs += later.msgs
-        self.items += later.items
-        self.ends.update(later.ends)
 
     def drop(self, partitions: set[Partition]) -> list[Inbound]:
         """Forget the records of ``partitions`` (revoked or lost); returns the items dropped."""
@@ -179,6 +175,8 @@ class BatchProcessor:
                 batch.lease_left_ms.append(report.lease_ms[i])
             elif result is _DUPLICATE:
                 self.stats.duplicates += 1
+            elif result is _REDELIVERED:
+                self.stats.redelivered += 1
             elif result is _PARTIAL_DONE:  # our own PARTIAL, re-read before its dead letter
                 self._partial(item, "effects partially applied by an earlier attempt of this "
                                     "record (re-read before its dead letter was sent)")

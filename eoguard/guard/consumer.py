@@ -5,11 +5,13 @@ Per batch (:meth:`GuardedConsumer.poll_once`; the steps' work lives in :mod:`eog
   Step 1. Consume up to ``batch_size`` records (without waiting while a batch is in hand).
   Step 2. Decode envelope and payload; a malformed record goes to the dead-letter topic at once.
   Step 3. Drop expired messages: counted, dead-lettered when configured.
-  Step 4. Claim the batch in Redis: one script call per hash slot. The owner is the record's
-          source position as this group reads it (scope|group|topic|partition|offset), so a
-          record redelivered to the group re-owns its claim (MINE).
-  Step 5. Run the handler on NEW / MINE / TAKEN_OVER; DONE is a duplicate and is skipped;
-          PARTIAL (our own earlier attempt left effects half applied) is dead-lettered.
+  Step 4. Claim the batch in Redis: one script call (per hash slot on a cluster). The owner is
+          the record's source position as this group reads it (scope|group|topic|partition|
+          offset), so a record redelivered to the group re-owns its claim (MINE), or is
+          REDELIVERED when its own done mark landed (its commit, or the done reply, was lost).
+  Step 5. Run the handler on NEW / MINE / TAKEN_OVER; DONE is a duplicate and is skipped, as
+          is REDELIVERED; PARTIAL (our own earlier attempt left effects half applied) is
+          dead-lettered.
   Step 6. Produce the handlers' outputs (acks=all); then mark done, fenced, with the Redis
           effects in the same script, and acknowledge the senders' outbox records.
   Step 7. A failed message releases its claim and goes back to Step 4 after a backoff; past
@@ -19,12 +21,18 @@ Per batch (:meth:`GuardedConsumer.poll_once`; the steps' work lives in :mod:`eog
           and gets handled or re-owned there.
   Step 8. Flush the dead letters, store the offsets, commit.
 
-Batches overlap by one: the next batch is consumed and decoded before this one is handled, and
-this batch's Step 6 round trip also carries the next batch's Step 4 (and, every ``lease_s / 3``,
-the liveness heartbeat): one Redis round trip per batch. Offsets are stored only once the done
-marks are confirmed; when ``poll_once`` returns, all it handled is done and its offsets stored
-(committed asynchronously; an idle poll confirms the commit). A batch with failed or BUSY
-messages finishes Step 7 before the next batch is claimed. Every claim held is renewed every
+Redis works while the consumer does: each poll consumes and decodes a batch and sends its
+claims (Step 4), then handles the batch read a poll earlier, whose claims Redis has answered
+meanwhile, and sends its done marks (Step 6), which are read at the next poll (Steps 7-8). So
+a poll never waits on the round trip it just sent, and up to two batches are read ahead of the
+one being handled (:mod:`eoguard.guard.pipeline`; the liveness heartbeat rides every
+``lease_s / 3``). Offsets are stored in consume order, only once a batch's done marks are
+confirmed: a poll's done marks land at the next poll, an idle one, or ``close()``. A batch with
+failed or BUSY messages lands its done marks at once and finishes Step 7 before the poll
+returns; a refused done mark (rare) is retried when it lands, after the next batch was handled.
+Since the next batches' claims went out first, a copy of a message of the batch being handled
+is BUSY (held by this consumer) and is claimed again, DONE, once that batch's done marks land.
+Every claim held is renewed every
 ``lease_s / 3`` by a :class:`~eoguard.guard.lease.LeaseKeeper` thread until it is marked done or
 released, so a slow batch keeps its claims; a claim lost anyway (the process stalled past its
 lease) is reported by the done mark (fenced, never doubled).
@@ -33,14 +41,16 @@ Redis (or Kafka, for outputs and dead letters) failing in Steps 4-8: nothing mor
 the partitions are rewound to the first offsets held and re-read after a backoff; what was
 done before the failure is then DONE, what was claimed is MINE. A rewind whose seek failed
 holds back every record read past it until a retried seek takes (:mod:`eoguard.guard.rewind`).
-A record may be dead-lettered twice. Rebalances run inside Step 1, when no round trip is in
-flight: the claims held on revoked partitions are released, their records forgotten, and what
-is done is committed; on lost partitions (another member may hold the same claims already)
-the claims are only no longer renewed.
+Done marks Redis answered before it failed are counted and committed first. A record may be
+dead-lettered twice. Rebalances run inside Step 1: the flights land first, then the claims held
+on revoked partitions are released, their records forgotten, and what is done is committed; on
+lost partitions (another member may hold the same claims already) the claims are only no
+longer renewed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -57,10 +67,11 @@ from redis.cluster import RedisCluster
 from eoguard.codec import EnvelopeCodec, PayloadCodec, SchemaRegistry
 from eoguard.config import ConsumerConfig
 from eoguard.errors import BrokerError, ConfigError, ConsumerError, DeadLetterError, StoreError
-from eoguard.guard.batch import Batch, BatchProcessor, ConsumerStats
+from eoguard.guard.batch import BatchProcessor, ConsumerStats
 from eoguard.guard.dead_letter import DeadLetterRouter
 from eoguard.guard.handler import BatchHandler, ContextEnv, Handler
 from eoguard.guard.lease import LeaseKeeper
+from eoguard.guard.pipeline import Pipeline
 from eoguard.guard.rewind import Rewinds
 from eoguard.kafka.consumer import KafkaConsumer, Partition
 from eoguard.kafka.sink import DeliverySink
@@ -103,8 +114,10 @@ class GuardedConsumer:
                                      leases=self._leases, handler=handler,
                                      batch_handler=batch_handler)
         self._stats = self._batch.stats
-        self._claimed: Batch | None = None  # claims held, handled by the next poll
-        self._next: Batch | None = None  # consumed and decoded, not claimed yet
+        self._pipe = Pipeline(self._batch, self._dedup, self._dead, send=self._send,
+                              commit=self._commit)
+        self._callback_error: Exception | None = None  # raised by the next _consume
+        self._orphans: list[Message] = []  # consumed when that error was raised
         self._outage_s = 0.0
         self._beat_at = 0.0  # monotonic time of the next liveness heartbeat
         self._unconfirmed = False  # offsets committed asynchronously since the last sync commit
@@ -124,33 +137,30 @@ class GuardedConsumer:
             self.close()
 
     def poll_once(self) -> int:
-        """Handle one batch; returns the number of records this call consumed (it may read
-        the next batch ahead: that one is handled by the next call)."""
+        """Handle one batch; returns the number of records this call consumed (it reads up to
+        two batches ahead: their claims are in flight while this one is handled)."""
         if self._closed:
             raise ConsumerError("poll after close")
-        waiting = self._claimed is None and self._next is None
-        raw = self._consume(self.config.poll_timeout_s if waiting else 0.0)  # Step 1.
-        consumed = len(raw)
+        raw: list[Message] = []
+        consumed = 0
         try:
-            if raw and self._claimed is None:
-                self._absorb(raw)
-                raw = []
-            if self._claimed is None and self._next is not None:
-                # A run of batches starts: claim this one on its own and read the next ahead,
-                # whose claims then travel with this one's done marks.
-                self._claimed, self._next = self._next, None
-                [report] = self._round_trip([self._dedup.prepare_claim(self._claimed.claims())])
-                self._batch.sort(self._claimed, report)  # Step 4.
+            pipe = self._pipe
+            raw = self._consume(self.config.poll_timeout_s if pipe.idle else 0.0)  # Step 1.
+            consumed = len(raw)
+            pipe.read_ahead(raw)  # Steps 2-4: the claims go out now, read a poll later
+            raw = []
+            if consumed and pipe.claims_in_flight < 2:
+                # A run starts: read one more batch ahead, so that from now on a batch's
+                # claims are answered while the batch before it is handled.
                 raw = self._consume(0.0)
                 consumed += len(raw)
-                if raw:
-                    self._absorb(raw)
-                    raw = []
-            if self._claimed is None:  # nothing to handle (or a rebalance took it)
+                pipe.read_ahead(raw)
+                raw = []
+            batch = pipe.next_batch()
+            if batch is None:  # nothing to handle (or a rebalance took it)
                 self._when_idle()
                 return consumed
-            self._step(raw)
-            raw = []
+            pipe.handle(batch)  # Steps 5-6; Steps 7-8 when its done marks land
         except (StoreError, BrokerError, DeadLetterError) as exc:
             self._rewind(raw, exc)
         else:
@@ -158,7 +168,7 @@ class GuardedConsumer:
         return consumed
 
     def stats(self) -> ConsumerStats:
-        in_flight = len(self._claimed.items) if self._claimed is not None else 0
+        in_flight = sum(len(batch.items) for batch in self._pipe.held())
         return replace(self._stats, claim_round_trips=self._dedup.round_trips,
                        in_flight=in_flight, dead_lettered=self._dead.routed,
                        lease_renewals=self._leases.renewals, leases_lost=self._leases.lost)
@@ -170,7 +180,11 @@ class GuardedConsumer:
             return
         self._closed = True
         try:
-            self._drop_held(None)
+            try:
+                self._drop_held(None)
+            except (StoreError, BrokerError, DeadLetterError) as exc:
+                log.warning("closing with batches not done (re-read by the group): %s", exc)
+                self._abandon()
             self._leases.close()
             self._kafka.close()
         finally:
@@ -192,63 +206,18 @@ class GuardedConsumer:
         if self._rewinds:
             msgs = self._rewinds.admit(msgs)
         self._stats.polled += len(msgs)
+        if self._callback_error is not None:  # a rebalance hook could not land the flights
+            exc, self._callback_error = self._callback_error, None
+            self._orphans = msgs  # re-read with the rest
+            raise exc
         return msgs
 
-    def _absorb(self, raw: list[Message]) -> None:
-        """Steps 2 and 3 for records just consumed: they join the batch not claimed yet."""
-        batch = self._batch.decode(raw)
-        if self._next is None:
-            self._next = batch
-        else:
-            self._next.extend(batch)
-
-    def _step(self, raw: list[Message]) -> None:
-        """Steps 5-8 for the claimed batch; the next batch's Step 4 rides with Step 6, and
-        ``raw`` (consumed after it) is decoded while that round trip is in flight."""
-        batch, follow = self._claimed, self._next
-        assert batch is not None
-        ok, failed = self._batch.handle(batch.items)  # Steps 5 and 6 (outputs).
-        ahead = follow is not None and not failed and not batch.busy
-        prepared: list[Prepared[Any]] = [self._batch.prepare_done(ok)]
-        if failed:
-            prepared.append(self._dedup.prepare_release(self._batch.let_go(failed)))
-        if ahead and follow is not None:
-            prepared.append(self._dedup.prepare_claim(follow.claims()))
-        flight = self._send(prepared)  # Step 6 (and the next batch's Step 4) ...
-        try:
-            later = self._batch.decode(raw) if raw else None  # ... while Redis runs it: 2-3
-        finally:
-            results = flight()  # read even when decoding failed: the connection goes back
-        refused = self._batch.settle_done(ok, results[0])
-        if refused:  # rare: effects refused; no claims are held ahead through the retries
-            give_back = self._batch.let_go(refused)
-            if ahead and follow is not None:
-                give_back += self._batch.let_go(follow.items)
-                ahead = False
-            self._dedup.release(give_back)
-        elif ahead and follow is not None:
-            self._batch.sort(follow, results[-1])
-        retry, wait_s = self._batch.plan(failed + refused, batch, handled_any=bool(ok))
-        self._batch.finish(batch, retry, wait_s)  # Step 7, one round trip per retry round.
-        self._dead.flush()  # Step 8.
-        self._commit(batch.ends)
-        self._claimed = follow if ahead else None
-        if ahead:
-            self._next = None
-        if later is not None:
-            if self._next is None:
-                self._next = later
-            else:
-                self._next.extend(later)
-
-    def _round_trip(self, prepared: list[Prepared[Any]]) -> list[Any]:
-        """One Redis round trip for ``prepared``, with the liveness heartbeat when due."""
-        return self._send(prepared)()
-
     def _send(self, prepared: list[Prepared[Any]]) -> Callable[[], list[Any]]:
-        """Send :meth:`_round_trip`'s calls; the function returned reads their replies."""
+        """Send ``prepared`` (with the liveness heartbeat when due); the function returned
+        reads their replies."""
         beat = time.monotonic() >= self._beat_at
         if beat:
+            self._beat_at = time.monotonic() + self.config.lease_s / 3
             prepared = [*prepared, self._liveness.prepare_heartbeat(self.instance_id,
                                                                     self._lease_ms)]
         flight = self._dedup.send(prepared)
@@ -256,7 +225,6 @@ class GuardedConsumer:
         def replies() -> list[Any]:
             results = flight.wait()
             if beat:
-                self._beat_at = time.monotonic() + self.config.lease_s / 3
                 results.pop()
             return results
         return replies
@@ -274,7 +242,9 @@ class GuardedConsumer:
             self._unconfirmed = True
 
     def _when_idle(self) -> None:
-        """Nothing to handle: confirm the last commit, renew the liveness lease when due."""
+        """Nothing to handle: land the last done marks, confirm the last commit, renew the
+        liveness lease when due."""
+        self._pipe.land_done()
         # An asynchronous commit refused during a rebalance (ILLEGAL_GENERATION) is not
         # retried by librdkafka; a partition that receives nothing more would stay behind.
         if self._unconfirmed:
@@ -291,9 +261,12 @@ class GuardedConsumer:
     def _rewind(self, raw: list[Message], exc: Exception) -> None:
         """Redis or Kafka failed: commit nothing more, re-read what is held after a backoff."""
         self._stats.store_outages += 1
-        msgs = [m for b in (self._claimed, self._next) if b is not None for m in b.msgs] + raw
-        self._claimed = self._next = None
-        self._leases.drop_all()  # what was claimed is MINE when re-read
+        # Done marks Redis answered before it failed are counted and committed, not re-read;
+        # the rest is re-read (REDELIVERED or MINE then).
+        with contextlib.suppress(StoreError, BrokerError, DeadLetterError):
+            self._pipe.land_done()
+        msgs = [m for b in self._pipe.held() for m in b.msgs] + raw + self._orphans
+        self._abandon()
         first: dict[Partition, int] = {}
         for msg in msgs:
             tp, offset = (msg.topic() or "", msg.partition() or 0), msg.offset() or 0
@@ -304,18 +277,18 @@ class GuardedConsumer:
         self._rewinds.rewind(first)
         time.sleep(self._outage_s)
 
+    def _abandon(self) -> None:
+        """Forget every batch held, flights read and dropped: what was claimed is MINE and
+        what was done is DONE when it is read again."""
+        self._pipe.abandon()
+        self._orphans = []
+        self._leases.drop_all()
+
     def _drop_held(self, partitions: set[Partition] | None, *, release: bool = True) -> None:
-        """Forget the records held of ``partitions`` (None: all) and release their claims
-        (unless ``release`` is false: they stop being renewed and lapse)."""
-        claimed, ahead = self._claimed, self._next
-        held = []
-        if claimed is not None:
-            held = claimed.items if partitions is None else claimed.drop(partitions)
-            self._claimed = None if partitions is None or not claimed.msgs else claimed
-        if ahead is not None:
-            if partitions is not None:
-                ahead.drop(partitions)
-            self._next = None if partitions is None or not ahead.msgs else ahead
+        """Land the flights, then forget the records held of ``partitions`` (None: all) and
+        release their claims (unless ``release`` is false: they stop being renewed and lapse)."""
+        self._pipe.land_all()  # the claims sent are held now, the done marks committed
+        held = self._pipe.drop(partitions)
         if partitions is not None:
             self._rewinds.forget(partitions)
         if not held:
@@ -328,9 +301,19 @@ class GuardedConsumer:
         except StoreError as exc:
             log.warning("could not release %d claims (their lease will lapse): %s", len(held), exc)
 
+    def _forget(self, partitions: set[Partition], exc: Exception) -> None:
+        """A rebalance hook could not land the flights: drop the records of ``partitions``
+        everywhere (their claims lapse) and have the next consume rewind the rest."""
+        self._pipe.forget(partitions)
+        self._rewinds.forget(partitions)
+        self._callback_error = exc
+
     def _on_revoke(self, partitions: list[Partition]) -> None:
-        # Revocation is served inside consume(), between batches: what was handled is stored.
-        self._drop_held(set(partitions))
+        # Served inside consume(), between batches: flights land, what is done is stored.
+        try:
+            self._drop_held(set(partitions))
+        except (StoreError, BrokerError, DeadLetterError) as exc:
+            self._forget(set(partitions), exc)
         self._commit_sync("commit on revoke failed (records are re-read, then DONE): %s")
 
     def _commit_sync(self, on_failure: str) -> None:
@@ -346,4 +329,7 @@ class GuardedConsumer:
         # Lost (session timeout): another member of the group may already read them, with
         # the same owner tokens, and hold these very claims as MINE: releasing would delete
         # its claims. Ours just stop being renewed.
-        self._drop_held(set(partitions), release=False)
+        try:
+            self._drop_held(set(partitions), release=False)
+        except (StoreError, BrokerError, DeadLetterError) as exc:
+            self._forget(set(partitions), exc)

@@ -3,14 +3,16 @@
 A dedup key goes absent -> ``claimed(owner, lease_deadline)`` -> ``done`` (DESIGN.md §4). The
 owner token is the record's source position (scope, topic, partition, offset), so a redelivery
 of the same record re-owns its claim while a true duplicate (another offset) is skipped, waited
-on or taken over. Every operation is one Lua call per hash slot; a batch's calls go out
-pipelined in one round trip. Keys expire at ``expires_at`` + grace.
+on or taken over. Every operation is one Lua call per batch (per hash slot on Redis Cluster);
+a batch's calls go out pipelined in one round trip. Keys expire at ``expires_at`` + grace.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
+
+from redis.cluster import RedisCluster
 
 from eoguard.errors import ClaimNotOwnedError, StoreError
 from eoguard.store.client import RedisClient
@@ -57,7 +59,7 @@ _EFFECT_ERROR_CODE = 48 + DoneResult.EFFECT_ERROR.value
 
 T = TypeVar("T")
 Groups = dict[int, tuple[list[int], list[str]]]
-"""Claims by hash slot: shard -> (their indexes in the batch, their dedup keys)."""
+"""Claims by script call: shard (or 0) -> (their indexes in the batch, their dedup keys)."""
 
 
 class DedupStore:
@@ -74,6 +76,8 @@ class DedupStore:
         self.grace_ms = grace_ms
         self._scripts = Scripts(client)
         self._key_prefixes = self.keys.dedup_prefixes(scope)
+        # A script may touch keys of several hash slots on a single node, not on a cluster.
+        self._one_call = not isinstance(client, RedisCluster)
         self.round_trips = 0
 
     def key(self, message_id: str) -> str:
@@ -246,6 +250,12 @@ class DedupStore:
 
     # Internals -------------------------------------------------------------
     def _group(self, claims: Sequence[Claim]) -> Groups:
+        """The claims by script call: one call per hash slot on a cluster, else one call."""
+        if self._one_call and claims:
+            prefixes = self._key_prefixes
+            keys = [claim[4] or prefixes[self.keys.shard_of(claim[0])] + claim[0]
+                    for claim in claims]
+            return {0: (list(range(len(claims))), keys)}
         groups: Groups = {}
         for i, claim in enumerate(claims):
             shard, key = claim[3], claim[4]

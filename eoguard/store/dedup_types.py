@@ -33,6 +33,9 @@ class ClaimResult(enum.Enum):
     TAKEN_OVER = 4
     EXPIRED = 5
     PARTIAL = 6  # done with partial effects by this same owner: dead-letter it, do not handle
+    # Done by this same owner: this very record was handled and marked done, and is read again
+    # (its offset commit, or the done mark's reply, was lost). Not a duplicate: a redelivery.
+    REDELIVERED = 7
 
     @property
     def should_handle(self) -> bool:

@@ -44,8 +44,9 @@ def test_new_then_mine_then_done_duplicate(store: DedupStore) -> None:
     # Redelivery of the very same record (same offset): re-owned, handled again.
     assert store.claim([first])[0].result is ClaimResult.MINE
     assert store.done([first])[0].result is DoneResult.OK
-    # Once done: the same record and a duplicate at another offset are both skipped.
-    assert store.claim([first])[0].result is ClaimResult.DONE
+    # Once done: the same record (a redelivery) and a duplicate at another offset are both
+    # skipped, told apart.
+    assert store.claim([first])[0].result is ClaimResult.REDELIVERED
     assert store.claim([claim_of(mid, 99)])[0].result is ClaimResult.DONE
     entry = store.check(mid)
     assert entry is not None
@@ -138,7 +139,9 @@ def test_batch_over_every_shard_is_one_round_trip(store: DedupStore) -> None:
     assert store.round_trips == before + 2
     assert all(d.result is DoneResult.OK for d in done)
     again = store.claim(claims)
-    assert [o.result for o in again] == [ClaimResult.DONE] * 150 + [ClaimResult.MINE] * 150
+    assert [o.result for o in again] == [ClaimResult.REDELIVERED] * 150 + [ClaimResult.MINE] * 150
+    others = store.claim([c._replace(owner=c.owner + "0") for c in claims])
+    assert [o.result for o in others] == [ClaimResult.DONE] * 150 + [ClaimResult.BUSY] * 150
 
 
 def test_effects_commit_with_done_and_nothing_on_wrong_type(store: DedupStore,
@@ -183,7 +186,9 @@ def test_two_scopes_claim_independently(redis_client: redis.Redis, key_prefix: s
     assert a.claim([ca])[0].result is ClaimResult.NEW
     a.done([ca])
     assert b.claim([cb])[0].result is ClaimResult.NEW
-    assert a.claim([ca])[0].result is ClaimResult.DONE
+    assert a.claim([ca])[0].result is ClaimResult.REDELIVERED  # a read again: done by itself
+    assert a.claim([ca._replace(owner=owner_token("a", "g", "t", 0, 1))])[0].result \
+        is ClaimResult.DONE
 
 
 def test_script_cache_flush_is_survived(private_redis) -> None:

@@ -1,6 +1,6 @@
--- dedup_claim.lua: claim a batch of message ids of ONE consumer scope and ONE hash slot.
+-- dedup_claim.lua: claim a batch of message ids of ONE consumer scope (ONE hash slot on a cluster).
 --
--- KEYS[i]      = dedup key of message i (KeySpace.dedup(scope, id)); all in one hash slot
+-- KEYS[i]      = dedup key of message i (KeySpace.dedup(scope, id)); in one hash slot on a cluster
 -- ARGV[1]      = lease length in ms (the deadline is taken from the server clock: TIME)
 -- ARGV[2]      = grace in ms: the key of message i expires at expires_at + grace
 -- ARGV[1+2i]   = owner token of message i: its source position as its reader sees it,
@@ -17,6 +17,8 @@
 --                5 EXPIRED     expires_at has passed by the server clock; nothing written
 --                6 PARTIAL     done with partially applied effects (dedup_done.lua), by this same
 --                              owner: re-read before its dead letter was sent; to others DONE
+--                7 REDELIVERED done by this same owner: the record was handled and is read again
+--                              (its offset commit or the done reply was lost); to others DONE
 --
 -- Value layout (a compact string, owner last because the owner contains '|'):
 --   "c|<lease_deadline_ms>|<owner>"   claimed
@@ -47,7 +49,7 @@ for i = 1, #KEYS do
     local held_until = tonumber(string.sub(value, 3, sep - 1))
     local state = string.sub(value, 1, 1)
     if state == 'd' then
-      code = 2
+      code = string.sub(value, sep + 1) == owner and 7 or 2
     elseif state == 'p' then
       code = string.sub(value, sep + 1) == owner and 6 or 2
     elseif string.sub(value, sep + 1) == owner then

@@ -1,7 +1,7 @@
 -- dedup_done.lua: mark claimed messages done, fenced, applying each message's Redis-side
 -- effects in the same atomic step (the exactly-once path for Redis-transactional handlers).
 --
--- KEYS[1..n]   = dedup keys of the n messages (all in one hash slot)
+-- KEYS[1..n]   = dedup keys of the n messages (in one hash slot on a cluster)
 -- KEYS[n+1..]  = effect keys the messages' commands write (on Redis Cluster: the same hash slot,
 --                which is why handlers build them with the dedup key's hash tag); never a
 --                dedup key of this call

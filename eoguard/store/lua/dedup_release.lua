@@ -1,6 +1,6 @@
 -- dedup_release.lua: give claims back (handler failure, partition revoked) - only if still ours.
 --
--- KEYS[i]      = dedup key of message i (all in one hash slot)
+-- KEYS[i]      = dedup key of message i (in one hash slot on a cluster)
 -- ARGV[i]      = owner token of message i ("scope|reader|topic|partition|offset")
 -- returns      = a string with one digit per key, in KEYS order:
 --                0 OK            the claim was ours and is deleted
