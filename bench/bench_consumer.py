@@ -12,15 +12,18 @@ Pre-produces ~200-byte envelopes once, then reads them all three ways, each in a
 Targets: (b) >= 0.5 x (a) and (b) >= 10 x (c). Timing starts at the first record received, so
 group joins are not counted, and (b) stops when every message is handled (done, committed).
 Each variant runs ``--repeat`` times, interleaved; the best run counts (the local stack shares
-its machine). For (b) the main thread's CPU per message is printed too: what the Python loop
-costs, apart from waiting on Redis and Kafka. The outbox acknowledgement is off in (b): these
-envelopes were never in an outbox. Every run writes its keys under a fresh prefix and deletes
-them afterwards (untimed), so runs do not see each other's keys nor grow the shared Redis.
+its machine). CPU per message is printed too: this process's (every thread), and for (b) the
+main thread's (the Python loop, apart from waiting) and the Redis server's. On a machine with
+few cores their sum, with the broker's, bounds (b): everything runs on the same cores. The
+outbox acknowledgement is off in (b): these envelopes were never in an outbox. Every run
+writes its keys under a fresh prefix and deletes them afterwards (untimed), so runs do not see
+each other's keys nor grow the shared Redis.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import time
 import uuid
 from collections.abc import Callable
@@ -52,12 +55,12 @@ def plain_loop(bootstrap: str, topic: str, total: int, batch: int,
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"b-{uuid.uuid4().hex[:8]}",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
     consumer.subscribe([topic])
-    seen, started = 0, 0.0
+    seen, started, process = 0, 0.0, 0.0
     try:
         while seen < total:
             msgs = consumer.consume(batch, 1.0)
             if msgs and not started:
-                started = time.perf_counter()
+                started, process = time.perf_counter(), process_cpu_s()
             for msg in msgs:
                 if msg.error() is not None:
                     continue
@@ -68,7 +71,9 @@ def plain_loop(bootstrap: str, topic: str, total: int, batch: int,
                 seen += 1
             if msgs:
                 consumer.commit(asynchronous=True)
-        return time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        print(f"    cpu per message: this process {(process_cpu_s() - process) / total * 1e6:.1f} us")
+        return elapsed
     finally:
         consumer.close()
 
@@ -80,20 +85,38 @@ def guarded_loop(bootstrap: str, redis_url: str, topic: str, total: int, batch: 
         redis=RedisConfig(url=redis_url), scope=f"bench-{uuid.uuid4().hex[:6]}", topics=(topic,),
         batch_size=batch, keyspace=keyspace, ack_outbox=False)
     consumer = GuardedConsumer(config, handler=lambda ctx: None)
-    started, cpu = 0.0, 0.0
+    info = redis.Redis.from_url(redis_url)
+    started, cpu, process, server = 0.0, 0.0, 0.0, 0.0
     try:
         while consumer.stats().handled < total:
             if consumer.poll_once() and not started:
                 started, cpu = time.perf_counter(), time.thread_time()
+                process, server = process_cpu_s(), redis_cpu_s(info)
         elapsed, cpu = time.perf_counter() - started, time.thread_time() - cpu
+        process, server = process_cpu_s() - process, redis_cpu_s(info) - server
         stats = consumer.stats()
         assert stats.handled == total, stats
+        us = 1e6 / total
         print(f"    (b) handled={stats.handled} redis round trips={stats.claim_round_trips} "
-              f"commits={stats.commits} main-thread cpu={cpu / total * 1e6:.1f} us/msg")
+              f"commits={stats.commits}; cpu per message: main thread {cpu * us:.1f} us, "
+              f"this process {process * us:.1f} us, Redis {server * us:.1f} us")
         return elapsed
     finally:
         consumer.close()
+        info.close()
         forget(redis_url, keyspace.pattern())
+
+
+def process_cpu_s() -> float:
+    """CPU seconds of this process so far, every thread (librdkafka's too)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def redis_cpu_s(client: redis.Redis) -> float:
+    """CPU seconds the Redis server used so far (INFO cpu, user + system, main thread)."""
+    cpu = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def forget(redis_url: str, pattern: str) -> None:

@@ -147,12 +147,12 @@ class GuardedConsumer:
             pipe = self._pipe
             raw = self._consume(self.config.poll_timeout_s if pipe.idle else 0.0)  # Step 1.
             consumed = len(raw)
-            pipe.read_ahead(raw)  # Steps 2-4: the claims go out now, read a poll later
+            pipe.read_ahead(raw)  # Steps 2-3; the claims (Step 4) go with the next round trip
+            more = bool(raw)
             raw = []
-            if consumed and pipe.claims_in_flight < 2:
-                # A run starts: read one more batch ahead, so that from now on a batch's
-                # claims are answered while the batch before it is handled.
+            while more and pipe.wants_more():  # a run starts: read ahead
                 raw = self._consume(0.0)
+                more = bool(raw)
                 consumed += len(raw)
                 pipe.read_ahead(raw)
                 raw = []
@@ -244,7 +244,7 @@ class GuardedConsumer:
     def _when_idle(self) -> None:
         """Nothing to handle: land the last done marks, confirm the last commit, renew the
         liveness lease when due."""
-        self._pipe.land_done()
+        self._pipe.land_all()
         # An asynchronous commit refused during a rebalance (ILLEGAL_GENERATION) is not
         # retried by librdkafka; a partition that receives nothing more would stay behind.
         if self._unconfirmed:
@@ -264,7 +264,7 @@ class GuardedConsumer:
         # Done marks Redis answered before it failed are counted and committed, not re-read;
         # the rest is re-read (REDELIVERED or MINE then).
         with contextlib.suppress(StoreError, BrokerError, DeadLetterError):
-            self._pipe.land_done()
+            self._pipe.land_all()
         msgs = [m for b in self._pipe.held() for m in b.msgs] + raw + self._orphans
         self._abandon()
         first: dict[Partition, int] = {}

@@ -1,13 +1,12 @@
 """The consumer's batches between consume and commit, with their Redis round trips in flight.
 
-Redis works while the consumer does: a batch's claims go out as soon as it is decoded, its done
-marks as soon as it is handled, and each reply is read (the flight *lands*) only when it is
-needed, a poll later: the claims before the batch is handled, the done marks before its offsets
-are committed. Every flight has a connection of its own
+Redis works while the consumer does: each round trip (a *flight*) is read (it *lands*) a poll
+after it was sent, when its answer is needed: claims before their batch is handled, done marks
+before their batch's offsets are committed. Every flight has a connection of its own
 (:meth:`eoguard.store.dedup.DedupStore.send`), so one waiting does not hold up another.
 
-Batches move through three queues, in consume order: claims in flight -> claimed (to handle)
--> done marks in flight; they leave the last one committed, so offsets are committed in order.
+A batch goes decoded -> claims in flight -> claimed (to handle) -> done marks in flight ->
+committed; batches are committed in consume order.
 """
 
 from __future__ import annotations
@@ -33,16 +32,18 @@ Send = Callable[[list[Prepared[Any]]], Callable[[], list[Any]]]
 
 
 class Flight:
-    """One round trip sent for ``batch``: its claims, or (``ok`` set) its done marks and the
-    release of its ``failed`` messages."""
+    """One round trip sent: the done marks of ``done`` (its ``ok`` messages; its ``failed``
+    ones released), then the claims of the batches in ``claims``; either part may be empty."""
 
-    __slots__ = ("_read", "_tried", "batch", "failed", "ok")
+    __slots__ = ("_read", "_tried", "claims", "done", "failed", "ok")
 
-    def __init__(self, batch: Batch, read: Callable[[], list[Any]], *,
-                 ok: list[Inbound] | None = None, failed: Sequence[Inbound] = ()) -> None:
-        self.batch = batch
-        self.ok = ok
+    def __init__(self, read: Callable[[], list[Any]], *, done: Batch | None = None,
+                 ok: Sequence[Inbound] = (), failed: Sequence[Inbound] = (),
+                 claims: Sequence[Batch] = ()) -> None:
+        self.done = done
+        self.ok = list(ok)
         self.failed = list(failed)
+        self.claims = list(claims)
         self._read = read
         self._tried = False
 
@@ -62,76 +63,92 @@ class Flight:
 
 
 class Pipeline:
-    """Batches consumed and not committed yet: Steps 4-8 of the consumer loop, overlapped."""
+    """Batches consumed and not committed yet: Steps 4-8 of the consumer loop, overlapped.
+
+    One round trip per batch handled: its done marks, then the claims of the batches decoded
+    since the last one. It lands at the next poll, so a batch is claimed two polls before it
+    is handled: the pipeline holds the batch being handled, one claimed in reserve, one whose
+    claims are in flight, and the one just decoded (:meth:`wants_more` until it does).
+    """
 
     def __init__(self, batches: BatchProcessor, dedup: DedupStore, dead: DeadLetterRouter, *,
                  send: Send, commit: Callable[[dict[Partition, int]], None]) -> None:
         self._batches, self._dedup, self._dead = batches, dedup, dead
         self._send, self._commit = send, commit
-        self._claiming: deque[Flight] = deque()  # claims in flight
+        self._decoded: list[Batch] = []  # claims not sent yet
+        self._flights: deque[Flight] = deque()  # in send order
         self._claimed: deque[Batch] = deque()  # claims read: handled next, in order
-        self._marking: deque[Flight] = deque()  # done marks in flight: committed when read
 
     @property
     def idle(self) -> bool:
         """Nothing consumed is waiting to be handled or committed."""
-        return not (self._claiming or self._claimed or self._marking)
+        return not (self._decoded or self._flights or self._claimed)
 
-    @property
-    def claims_in_flight(self) -> int:
-        return len(self._claiming)
+    def wants_more(self) -> bool:
+        """Whether fewer batches are read ahead than keep Redis answering while we work."""
+        ahead = len(self._claimed) + len(self._decoded)
+        return ahead + sum(len(f.claims) for f in self._flights) < 3
 
     def held(self) -> list[Batch]:
-        """Every batch consumed and not committed yet, in consume order."""
-        return [*(f.batch for f in self._marking), *self._claimed,
-                *(f.batch for f in self._claiming)]
+        """Every batch consumed and not committed yet."""
+        done = [f.done for f in self._flights if f.done is not None]
+        return [*done, *self._claimed, *(b for f in self._flights for b in f.claims),
+                *self._decoded]
 
     def read_ahead(self, raw: list[Message]) -> None:
-        """Steps 2 and 3 for records just consumed, and their claims sent (Step 4)."""
-        if not raw:
-            return
-        batch = self._batches.decode(raw)
-        self._claiming.append(Flight(batch, self._send([self._dedup.prepare_claim(
-            batch.claims())])))
+        """Steps 2 and 3 for records just consumed; their claims go out with the next send."""
+        if raw:
+            self._decoded.append(self._batches.decode(raw))
 
     def next_batch(self) -> Batch | None:
-        """The oldest claimed batch (its claims landed now if need be); None when none."""
-        if not self._claimed and self._claiming:
-            self._land_claims()
-        return self._claimed[0] if self._claimed else None
+        """The oldest claimed batch, landing flights as needed; None when nothing is left."""
+        while not self._claimed:
+            if self._flights:
+                self._land()
+            elif self._decoded:  # a run starts: claim all but the newest now, on their own
+                first = self._decoded[:-1] or self._decoded[:]
+                flight = Flight(self._send(self._claim_calls(first)), claims=first)
+                del self._decoded[:len(first)]  # once sent: a failed send leaves them here
+                self._flights.append(flight)
+            else:
+                return None
+        return self._claimed[0]
 
     def handle(self, batch: Batch) -> None:
-        """Steps 5-6 for the batch :meth:`next_batch` gave; its done marks land a poll later,
-        unless it has messages to retry (Step 7 needs them now)."""
+        """Steps 5-6 for the batch :meth:`next_batch` gave, and one round trip: its done marks
+        and the claims of the batches decoded since; it lands at the next poll, unless this
+        batch has messages to retry (Step 7 needs them now)."""
         ok, failed = self._batches.handle(batch.items)  # Steps 5 and 6 (outputs).
         prepared: list[Prepared[Any]] = [self._batches.prepare_done(ok)]
         if failed:
             prepared.append(self._dedup.prepare_release(self._batches.let_go(failed)))
-        self._marking.append(Flight(batch, self._send(prepared), ok=ok, failed=failed))
+        claims = self._decoded
+        prepared += self._claim_calls(claims)
+        flight = Flight(self._send(prepared), done=batch, ok=ok, failed=failed, claims=claims)
+        self._decoded = []  # once sent: a failed send leaves every batch where it was
+        self._flights.append(flight)
         self._claimed.popleft()
         keep = 0 if failed or batch.busy else 1
-        while len(self._marking) > keep:
-            self._land_done()
-
-    def land_done(self) -> None:
-        """Land every done mark in flight: their batches are committed."""
-        while self._marking:
-            self._land_done()
+        while len(self._flights) > keep:
+            self._land()
 
     def land_all(self) -> None:
         """Land every flight: the claims sent are then held, the done marks committed."""
-        while self._claiming:
-            self._land_claims()
-        self.land_done()
+        while self._flights:
+            self._land()
 
     def drop(self, partitions: set[Partition] | None) -> list[Inbound]:
-        """Forget the claimed records of ``partitions`` (None: all); returns their items, whose
-        claims the caller releases or lets lapse. Land the flights first."""
+        """Forget the records of ``partitions`` (None: all) not in flight; returns the claimed
+        items among them, whose claims the caller releases or lets lapse. Land first."""
         held: list[Inbound] = []
         for batch in self._claimed:
             held += batch.items if partitions is None else batch.drop(partitions)
+        for batch in self._decoded:  # nothing claimed yet
+            if partitions is not None:
+                batch.drop(partitions)
         if partitions is None:
             self._claimed.clear()
+            self._decoded.clear()
         return held
 
     def forget(self, partitions: set[Partition]) -> None:
@@ -143,31 +160,35 @@ class Pipeline:
     def abandon(self) -> None:
         """Forget every batch: flights read and dropped (what was claimed is MINE, what was
         done is REDELIVERED when read again)."""
-        for flight in (*self._marking, *self._claiming):
+        for flight in self._flights:
             flight.abandon()
-        self._marking.clear()
+        self._flights.clear()
         self._claimed.clear()
-        self._claiming.clear()
+        self._decoded.clear()
 
-    def _land_claims(self) -> None:
-        flight = self._claiming[0]
-        [report] = flight.land()
-        self._claiming.popleft()
-        self._batches.sort(flight.batch, report)
-        self._claimed.append(flight.batch)
+    def _claim_calls(self, batches: list[Batch]) -> list[Prepared[Any]]:
+        return [self._dedup.prepare_claim(batch.claims()) for batch in batches]
 
-    def _land_done(self) -> None:
-        """Read the oldest done marks in flight; Steps 7 and 8 for their batch."""
-        flight = self._marking[0]
-        batch, ok, batches = flight.batch, flight.ok or [], self._batches
-        [report, *_] = flight.land()
-        refused = batches.settle_done(ok, report)
-        if refused:  # rare: effects refused, or the claim vanished
-            self._dedup.release(batches.let_go(refused))
-        # handled_any: the done marks of the batches before this one have landed, so a BUSY
-        # copy of one of their messages is DONE now and is claimed again at once.
-        retry, wait_s = batches.plan(flight.failed + refused, batch, handled_any=True)
-        batches.finish(batch, retry, wait_s)  # Step 7, one round trip per retry round.
-        self._dead.flush()  # Step 8.
-        self._commit(batch.ends)
-        self._marking.popleft()
+    def _land(self) -> None:
+        """Read the oldest flight: its claimed batches queue up to be handled; Steps 7 and 8
+        for its done batch."""
+        flight = self._flights[0]
+        replies = flight.land()
+        batches = self._batches
+        for batch, report in zip(flight.claims, replies[len(replies) - len(flight.claims):],
+                                 strict=True):
+            batches.sort(batch, report)
+            self._claimed.append(batch)
+        flight.claims = []  # held as claimed now
+        done = flight.done
+        if done is not None:
+            refused = batches.settle_done(flight.ok, replies[0])
+            if refused:  # rare: effects refused, or the claim vanished
+                self._dedup.release(batches.let_go(refused))
+            # handled_any: the done marks of the batches before this one have landed, so a
+            # BUSY copy of one of their messages is DONE now and is claimed again at once.
+            retry, wait_s = batches.plan(flight.failed + refused, done, handled_any=True)
+            batches.finish(done, retry, wait_s)  # Step 7, one round trip per retry round.
+            self._dead.flush()  # Step 8.
+            self._commit(done.ends)
+        self._flights.popleft()

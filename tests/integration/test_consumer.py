@@ -74,6 +74,29 @@ def test_same_message_twice_is_handled_once(make, new_topic, kafka_bootstrap) ->
     assert again == []
 
 
+def test_copies_in_the_batches_read_ahead_are_handled_once(make, new_topic,
+                                                            kafka_bootstrap) -> None:
+    # Batches of 5 on one partition, each group of 5 resent in the batch right after it.
+    # That batch's claims go out before the done marks of the group land, so its copies
+    # are BUSY, held by this very consumer: claimed again once those done marks landed,
+    # they are DONE: never handled twice, never skipped.
+    topic = new_topic(1)
+    envs = [envelope(b"m%d" % i) for i in range(40)]
+    records: list[Any] = []
+    for start in range(0, 40, 5):
+        records += [*envs[start:start + 5], *(e.with_attempt(2) for e in envs[start:start + 5])]
+    produce(kafka_bootstrap, topic, records, partition=0)
+    seen, handler = recorder()
+    consumer = make([topic], handler, batch_size=5)
+    drain([consumer], lambda: len(seen) >= 40 and consumer.stats().duplicates >= 40)
+    stats = consumer.stats()
+    print(f"handled={stats.handled} duplicates={stats.duplicates} "
+          f"busy waits={stats.busy_waits} skipped={stats.busy_skipped}")
+    assert Counter(seen) == Counter(e.id for e in envs)
+    assert stats.duplicates == 40 and stats.busy_skipped == 0 and stats.busy_waits > 0
+    assert stats.handled == 40
+
+
 def test_two_scopes_each_handle_once(make, new_topic, kafka_bootstrap) -> None:
     topic = new_topic(3)
     envs = [envelope() for _ in range(30)]
