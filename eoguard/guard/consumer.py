@@ -94,6 +94,7 @@ class GuardedConsumer:
         if (handler is None) == (batch_handler is None):
             raise ConfigError("GuardedConsumer needs exactly one of handler= or batch_handler=")
         self.config = config
+        self._owns_redis = redis is None and config.redis.client is None  # closed at close()
         self._redis = redis if redis is not None else config.redis.connect()
         check_layout(self._redis, config.keyspace)  # a mismatched shard count would re-handle
         self._lease_ms = int(config.lease_s * 1000)
@@ -184,15 +185,18 @@ class GuardedConsumer:
                 self._drop_held(None)
             except (StoreError, BrokerError, DeadLetterError) as exc:
                 log.warning("closing with batches not done (re-read by the group): %s", exc)
-                self._abandon()
-            self._leases.close()
-            self._kafka.close()
+            finally:
+                self._abandon()  # whatever failed: flights read, connections back
+                self._leases.close()
+                self._kafka.close()
         finally:
             self._sink.close()
             try:
                 self._liveness.deregister(self.instance_id)
             except StoreError as exc:
                 log.warning("could not drop the liveness lease (it lapses by itself): %s", exc)
+            if self._owns_redis:
+                self._redis.close()  # every pooled connection, in use or not
 
     def __enter__(self) -> GuardedConsumer:
         return self

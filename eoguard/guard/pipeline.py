@@ -18,6 +18,7 @@ from typing import Any
 
 from confluent_kafka import Message
 
+from eoguard.errors import StoreError
 from eoguard.guard.batch import Batch, BatchProcessor
 from eoguard.guard.dead_letter import DeadLetterRouter
 from eoguard.guard.handler import Inbound
@@ -48,9 +49,10 @@ class Flight:
         self._tried = False
 
     def land(self) -> list[Any]:
-        """The parsed replies (read once); raises as :meth:`InFlight.wait` does."""
+        """The parsed replies (read once); raises as :meth:`InFlight.wait` does, and
+        StoreError when its landing failed before (its batches are to be re-read)."""
         if self._tried:
-            raise RuntimeError("a flight lands once")
+            raise StoreError("a round trip failed while it landed; its batches are re-read")
         self._tried = True
         return self._read()
 
@@ -119,11 +121,14 @@ class Pipeline:
         and the claims of the batches decoded since; it lands at the next poll, unless this
         batch has messages to retry (Step 7 needs them now)."""
         ok, failed = self._batches.handle(batch.items)  # Steps 5 and 6 (outputs).
-        prepared: list[Prepared[Any]] = [self._batches.prepare_done(ok)]
+        claims = self._decoded
+        # The claims go before the release: a copy of a failed message in the batches claimed
+        # finds it still held by us (BUSY, claimed again later) instead of taking it, which
+        # would leave the failed message's retries waiting on that copy.
+        prepared: list[Prepared[Any]] = [self._batches.prepare_done(ok),
+                                         *self._claim_calls(claims)]
         if failed:
             prepared.append(self._dedup.prepare_release(self._batches.let_go(failed)))
-        claims = self._decoded
-        prepared += self._claim_calls(claims)
         flight = Flight(self._send(prepared), done=batch, ok=ok, failed=failed, claims=claims)
         self._decoded = []  # once sent: a failed send leaves every batch where it was
         self._flights.append(flight)
@@ -173,14 +178,12 @@ class Pipeline:
         """Read the oldest flight: its claimed batches queue up to be handled; Steps 7 and 8
         for its done batch."""
         flight = self._flights[0]
-        replies = flight.land()
-        batches = self._batches
-        for batch, report in zip(flight.claims, replies[len(replies) - len(flight.claims):],
-                                 strict=True):
-            batches.sort(batch, report)
-            self._claimed.append(batch)
-        flight.claims = []  # held as claimed now
-        done = flight.done
+        replies = flight.land()  # [done report], claim reports..., [release results]
+        batches, done = self._batches, flight.done
+        first = 0 if done is None else 1
+        for report in replies[first:first + len(flight.claims)]:
+            batches.sort(flight.claims[0], report)
+            self._claimed.append(flight.claims.pop(0))  # held as claimed now
         if done is not None:
             refused = batches.settle_done(flight.ok, replies[0])
             if refused:  # rare: effects refused, or the claim vanished

@@ -168,7 +168,10 @@ def _pack_evalsha(conn: Any, calls: Sequence[ScriptCall]) -> list[bytes]:
     commands = [("EVALSHA", lua_script(c.script).sha, len(c.keys), *c.keys, *c.args)
                 for c in calls]
     if _hiredis_pack is not None and conn.encoder.encoding.lower() in ("utf-8", "utf8"):
-        return [_hiredis_pack(cmd) for cmd in commands]
+        try:
+            return [_hiredis_pack(cmd) for cmd in commands]
+        except TypeError:  # a type hiredis refuses (bool, bytearray): redis-py's own rules
+            pass
     packed: list[bytes] = conn.pack_commands(commands)
     return packed
 

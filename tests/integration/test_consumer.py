@@ -93,7 +93,9 @@ def test_copies_in_the_batches_read_ahead_are_handled_once(make, new_topic,
     print(f"handled={stats.handled} duplicates={stats.duplicates} "
           f"busy waits={stats.busy_waits} skipped={stats.busy_skipped}")
     assert Counter(seen) == Counter(e.id for e in envs)
-    assert stats.duplicates == 40 and stats.busy_skipped == 0 and stats.busy_waits > 0
+    assert stats.duplicates == 40
+    assert stats.busy_skipped == 0
+    assert stats.busy_waits > 0  # the path this test is about was taken
     assert stats.handled == 40
 
 
