@@ -245,9 +245,8 @@ class GuardedConsumer:
             self._unconfirmed = True
 
     def _when_idle(self) -> None:
-        """Nothing to handle: land the last done marks, confirm the last commit, renew the
-        liveness lease when due."""
-        self._pipe.land_all()
+        """Nothing to handle (no flight left either: the pipeline landed them looking for a
+        batch): confirm the last commit, renew the liveness lease when due."""
         # An asynchronous commit refused during a rebalance (ILLEGAL_GENERATION) is not
         # retried by librdkafka; a partition that receives nothing more would stay behind.
         if self._unconfirmed:
@@ -282,7 +281,7 @@ class GuardedConsumer:
 
     def _abandon(self) -> None:
         """Forget every batch held, flights read and dropped: what was claimed is MINE and
-        what was done is DONE when it is read again."""
+        what was done is REDELIVERED when it is read again."""
         self._pipe.abandon()
         self._orphans = []
         self._leases.drop_all()

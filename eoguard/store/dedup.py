@@ -85,8 +85,7 @@ class DedupStore:
 
     def new_claim(self, message_id: str, owner: str, expires_at_ms: int) -> Claim:
         """A claim of this scope with its dedup key located (used at claim, done, release)."""
-        shard = self.keys.shard_of(message_id)
-        return Claim(message_id, owner, expires_at_ms, shard, self._key_prefixes[shard] + message_id)
+        return Claim(message_id, owner, expires_at_ms, *self._locate(message_id))
 
     def effect_key(self, message_id: str, name: str) -> str:
         """An effect key in the hash slot of ``message_id``'s dedup key (see KeySpace.effect)."""
@@ -249,19 +248,19 @@ class DedupStore:
         return bool(self._scripts.execute(pipe, doing="deleting a dedup key")[0])
 
     # Internals -------------------------------------------------------------
+    def _locate(self, message_id: str) -> tuple[int, str]:
+        """The shard and the dedup key of ``message_id`` in this scope."""
+        shard = self.keys.shard_of(message_id)
+        return shard, self._key_prefixes[shard] + message_id
+
     def _group(self, claims: Sequence[Claim]) -> Groups:
         """The claims by script call: one call per hash slot on a cluster, else one call."""
         if self._one_call and claims:
-            prefixes = self._key_prefixes
-            keys = [claim[4] or prefixes[self.keys.shard_of(claim[0])] + claim[0]
-                    for claim in claims]
+            keys = [claim[4] or self._locate(claim[0])[1] for claim in claims]
             return {0: (list(range(len(claims))), keys)}
         groups: Groups = {}
         for i, claim in enumerate(claims):
-            shard, key = claim[3], claim[4]
-            if not key:
-                shard = self.keys.shard_of(claim[0])
-                key = self._key_prefixes[shard] + claim[0]
+            shard, key = (claim[3], claim[4]) if claim[4] else self._locate(claim[0])
             group = groups.get(shard)
             if group is None:
                 groups[shard] = ([i], [key])
