@@ -22,19 +22,20 @@ Per batch (:meth:`GuardedConsumer.poll_once`; the steps' work lives in :mod:`eog
   Step 8. Flush the dead letters, store the offsets, commit.
 
 Redis works while the consumer does (:mod:`eoguard.guard.pipeline`): each poll consumes and
-decodes a batch, handles the batch claimed two polls before, and sends one round trip: that
-batch's done marks (Step 6), then the claims of the batches decoded since (Step 4). It is read
-at the next poll (Steps 7-8 for the batch, its claimed batches queued to be handled), so a poll
-never waits on the round trip it just sent (the liveness heartbeat rides every ``lease_s / 3``).
-Offsets are stored in consume order, only once a batch's done marks are confirmed: at the next
-poll, an idle one, or ``close()``. A batch with failed or BUSY messages lands its done marks at
-once and finishes Step 7 before the poll returns; a refused done mark (rare) is retried when it
-lands, after the next batch was handled. Since the next batch's claims went out before this
-batch's done marks, a copy of a message of the batch being handled is BUSY (held by this
-consumer) and is claimed again, DONE, once those done marks land. Every claim held is renewed
-every ``lease_s / 3`` by a :class:`~eoguard.guard.lease.LeaseKeeper` thread until it is marked
-done or released, so a slow batch keeps its claims; a claim lost anyway (the process stalled
-past its lease) is reported by the done mark (fenced, never doubled).
+decodes a batch, handles the oldest batch claimed, and sends one round trip: that batch's done
+marks (Step 6), then the claims of the batches decoded since (Step 4). It is read two polls
+later (Steps 7-8 for the batch, its claimed batches queued to be handled), so Redis always has
+a round trip queued while it answers one, and a poll seldom waits (the liveness heartbeat rides
+every ``lease_s / 3``). Offsets are stored in consume order, only once a batch's done marks are
+confirmed: two polls later, at an idle poll, or at ``close()``. A batch with failed or BUSY
+messages lands its done marks at once and finishes Step 7 before the poll returns; a refused
+done mark (rare) is retried when it lands, after the next batches were handled. Since the next
+batches' claims went out before this batch's done marks, a copy of a message of the batch being
+handled is BUSY (held by this consumer) and is claimed again, DONE, once those done marks land.
+Every claim held is renewed every ``lease_s / 3`` by a :class:`~eoguard.guard.lease.LeaseKeeper`
+thread until it is marked done or released, so a slow batch keeps its claims; a claim lost
+anyway (the process stalled past its lease) is reported by the done mark (fenced, never
+doubled).
 
 Redis (or Kafka, for outputs and dead letters) failing in Steps 4-8: nothing more is committed,
 the partitions are rewound to the first offsets held and re-read after a backoff; what was
@@ -138,7 +139,7 @@ class GuardedConsumer:
 
     def poll_once(self) -> int:
         """Handle one batch; returns the number of records this call consumed (it reads up to
-        two batches ahead: their claims are in flight while this one is handled)."""
+        three batches ahead: their claims are in flight while this one is handled)."""
         if self._closed:
             raise ConsumerError("poll after close")
         raw: list[Message] = []

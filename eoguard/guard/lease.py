@@ -36,8 +36,10 @@ class LeaseKeeper:
         self._dedup = dedup
         self._interval_s = interval_s
         self._max_hold_s = max_hold_s
-        # by owner token (one record, one claim): the claim and when it was first held
-        self._held: dict[str, tuple[Claim, float]] = {}
+        # by owner token (one record, one claim): the claim, and when it was first held (two
+        # dicts, no (claim, time) pair: thousands of those in flight cost the cyclic GC walks)
+        self._held: dict[str, Claim] = {}
+        self._since: dict[str, float] = {}
         self._lock = threading.Lock()  # held while a renewal is in flight: drop() waits for it
         self._stop = threading.Event()
         self.renewals = 0  # round trips sent
@@ -48,20 +50,25 @@ class LeaseKeeper:
     def hold(self, claims: Iterable[Claim]) -> None:
         now = time.monotonic()
         with self._lock:
-            held = self._held
+            held, since = self._held, self._since
             for claim in claims:
-                if claim.owner not in held:
-                    held[claim.owner] = (claim, now)
+                owner = claim.owner
+                if owner not in held:
+                    held[owner] = claim
+                    since[owner] = now
 
     def drop(self, claims: Iterable[Claim]) -> None:
         """Stop renewing ``claims``; returns once no renewal of them can still be sent."""
         with self._lock:
+            held, since = self._held, self._since
             for claim in claims:
-                self._held.pop(claim.owner, None)
+                if held.pop(claim.owner, None) is not None:
+                    del since[claim.owner]
 
     def drop_all(self) -> None:
         with self._lock:
             self._held.clear()
+            self._since.clear()
 
     def held(self) -> int:
         with self._lock:
@@ -75,18 +82,21 @@ class LeaseKeeper:
         """Renew every held claim now (one round trip); the thread calls it on its schedule."""
         with self._lock:
             stale = time.monotonic() - self._max_hold_s
-            claims = [claim for claim, since in self._held.values() if since > stale]
+            since = self._since
+            claims = [claim for owner, claim in self._held.items() if since[owner] > stale]
             if len(claims) < len(self._held):
                 log.warning("%d claims held past max.poll.interval.ms (a stalled handler): no "
                             "longer renewed", len(self._held) - len(claims))
-                self._held = {claim.owner: self._held[claim.owner] for claim in claims}
+                self._held = {claim.owner: claim for claim in claims}
+                self._since = {claim.owner: since[claim.owner] for claim in claims}
             if not claims:
                 return
             self.renewals += 1
             results = self._dedup.claim(claims)
             for claim, result, _ in results:
                 if result not in _KEPT:  # BUSY: lapsed and taken; DONE/EXPIRED: settled
-                    self._held.pop(claim.owner, None)
+                    if self._held.pop(claim.owner, None) is not None:
+                        del self._since[claim.owner]
                     if result is ClaimResult.BUSY:
                         self.lost += 1
                         log.warning("claim on %s lapsed and was taken over before renewal; "
