@@ -98,7 +98,8 @@ def guarded_loop(bootstrap: str, redis_url: str, topic: str, total: int, batch: 
         assert stats.handled == total, stats
         us = 1e6 / total
         print(f"    (b) handled={stats.handled} redis round trips={stats.claim_round_trips} "
-              f"commits={stats.commits}; cpu per message: main thread {cpu * us:.1f} us, "
+              f"commits={stats.commits}; waited on Redis {stats.redis_wait_s:.2f} s; "
+              f"cpu per message: main thread {cpu * us:.1f} us, "
               f"this process {process * us:.1f} us, Redis {server * us:.1f} us")
         return elapsed
     finally:

@@ -45,6 +45,7 @@ Consumer (``GuardedConsumer.stats()``):
     eoguard_consumer_busy_waits_total           counter  waits on a claim another owner held
     eoguard_consumer_busy_skipped_total         counter  messages skipped after busy_wait_s
     eoguard_consumer_claim_round_trips_total    counter  Redis round trips for claims
+    eoguard_consumer_redis_wait_seconds_total   counter  time the poll loop waited on Redis replies
     eoguard_consumer_store_outages_total        counter  batches rewound because Redis or Kafka failed
     eoguard_consumer_commits_total              counter  offset commits
     eoguard_consumer_partial_effects_total      counter  effects failed midway: done, dead-lettered
@@ -124,6 +125,8 @@ CONSUMER_METRICS: dict[str, tuple[str, str, float, str]] = {
     "busy_skipped": ("eoguard_consumer_busy_skipped", "counter", 1, "Messages skipped after busy_wait_s."),
     "claim_round_trips": ("eoguard_consumer_claim_round_trips", "counter", 1,
                           "Redis round trips for claims."),
+    "redis_wait_s": ("eoguard_consumer_redis_wait_seconds", "counter", 1,
+                     "Seconds the poll loop waited on Redis replies (Redis as the bound)."),
     "store_outages": ("eoguard_consumer_store_outages", "counter", 1,
                       "Batches rewound because Redis or Kafka failed."),
     "commits": ("eoguard_consumer_commits", "counter", 1, "Offset commits."),

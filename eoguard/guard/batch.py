@@ -68,6 +68,7 @@ class ConsumerStats:
     busy_waits: int = 0
     busy_skipped: int = 0
     claim_round_trips: int = 0
+    redis_wait_s: float = 0.0  # the poll loop blocked on Redis replies (high: Redis is the bound)
     in_flight: int = 0
     store_outages: int = 0
     commits: int = 0

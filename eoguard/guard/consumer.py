@@ -227,7 +227,11 @@ class GuardedConsumer:
         flight = self._dedup.send(prepared)
 
         def replies() -> list[Any]:
-            results = flight.wait()
+            started = time.perf_counter()
+            try:
+                results = flight.wait()
+            finally:
+                self._stats.redis_wait_s += time.perf_counter() - started
             if beat:
                 results.pop()
             return results
