@@ -160,14 +160,17 @@ class BatchProcessor:
 
     # Step 4 ------------------------------------------------------------------------------
     def sort(self, batch: Batch, report: ClaimReport) -> None:
-        """Keep in ``batch.items`` what this consumer now holds; set BUSY items aside."""
+        """Keep in ``batch.items`` what this consumer now holds (renewed from now on, if it
+        was not since :meth:`sent`); set BUSY items aside."""
         if not batch.busy_until:  # set at the first claim: retries do not extend it
             batch.busy_until = time.monotonic() + self.config.busy_wait_s
         results = report.results
         if results.count(_NEW) == len(results):  # the common case: all ours
-            self.leases.hold(item.claim for item in batch.items)
+            self.leases.hold([item.claim for item in batch.items])
             return
         mine: list[Inbound] = []
+        self.leases.drop([item.claim for item, result in zip(batch.items, results, strict=True)
+                          if not (result is _NEW or result is _MINE or result is _TAKEN_OVER)])
         for i, (item, result) in enumerate(zip(batch.items, results, strict=True)):
             if result is _NEW or result is _MINE or result is _TAKEN_OVER:
                 mine.append(item)
@@ -184,7 +187,13 @@ class BatchProcessor:
             else:
                 self._expired(item.msg, item.envelope)
         batch.items = mine
-        self.leases.hold(item.claim for item in mine)
+        self.leases.hold([item.claim for item in mine])
+
+    def sent(self, batches: list[Batch]) -> None:
+        """The claims of ``batches`` are on their way: renew them until their answer is read
+        (it holds what is ours, :meth:`sort`), however long the batches before them take."""
+        self.leases.hold([item.claim for batch in batches for item in batch.items],
+                         answered=False)
 
     # Steps 5 and 6 -----------------------------------------------------------------------
     def handle(self, items: list[Inbound]) -> tuple[list[Inbound], list[Inbound]]:

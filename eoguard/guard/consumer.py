@@ -32,8 +32,9 @@ messages lands its done marks at once and finishes Step 7 before the poll return
 done mark (rare) is retried when it lands, after the next batches were handled. Since the next
 batches' claims went out before this batch's done marks, a copy of a message of the batch being
 handled is BUSY (held by this consumer) and is claimed again, DONE, once those done marks land.
-Every claim held is renewed every ``lease_s / 3`` by a :class:`~eoguard.guard.lease.LeaseKeeper`
-thread until it is marked done or released, so a slow batch keeps its claims; a claim lost
+Every claim is renewed every ``lease_s / 3`` by a :class:`~eoguard.guard.lease.LeaseKeeper`
+thread from when it is sent until it is marked done or released, so a slow batch, and the
+batches read ahead behind it, keep their claims; a claim lost
 anyway (the process stalled past its lease) is reported by the done mark (fenced, never
 doubled).
 

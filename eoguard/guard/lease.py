@@ -8,6 +8,12 @@ and moves the deadline. The consumer tells it what it holds (:meth:`hold`) and w
 longer holds (:meth:`drop`, before a done mark or a release): a renewal is then never sent
 for a claim given back. One landing after a done mark finds DONE and writes nothing.
 
+Claims are held from the moment they are sent (``answered=False``), before their answer is
+read: the consumer reads it two polls later, and a claim waiting that long unrenewed would
+lapse behind batches that take a third of the lease each. A renewal that finds such a claim
+not ours drops it without counting it lost (it never was ours); the answer, when read, holds
+what is ours (``answered=True``) and drops the rest.
+
 Renewal stops after ``max_hold_s`` (the consumer's ``max.poll.interval.ms``): a handler hung
 that long has lost its partitions to the group, and its claims must lapse so the record's new
 reader, or a duplicate elsewhere, can take them over instead of skipping them as BUSY.
@@ -18,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 from eoguard.errors import StoreError
 from eoguard.store.dedup import Claim, ClaimResult, DedupStore
@@ -40,6 +46,7 @@ class LeaseKeeper:
         # dicts, no (claim, time) pair: thousands of those in flight cost the cyclic GC walks)
         self._held: dict[str, Claim] = {}
         self._since: dict[str, float] = {}
+        self._unanswered: set[str] = set()  # sent, their claim's answer not read yet
         self._lock = threading.Lock()  # held while a renewal is in flight: drop() waits for it
         self._stop = threading.Event()
         self.renewals = 0  # round trips sent
@@ -47,28 +54,43 @@ class LeaseKeeper:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def hold(self, claims: Iterable[Claim]) -> None:
+    def hold(self, claims: Sequence[Claim], *, answered: bool = True) -> None:
+        """Renew ``claims`` from now on: ``answered=False`` when they were just sent (their
+        answer, ours or not, is not read yet), True when they are known to be ours.
+
+        A batch at a time, so the set and dict updates run in C (the consumer's hot path)."""
+        owners = [claim.owner for claim in claims]
         now = time.monotonic()
         with self._lock:
-            held, since = self._held, self._since
-            for claim in claims:
-                owner = claim.owner
-                if owner not in held:
-                    held[owner] = claim
-                    since[owner] = now
+            held = self._held
+            if not answered:  # claims of records just read: none is held yet
+                held.update(zip(owners, claims, strict=True))
+                self._since.update(dict.fromkeys(owners, now))
+                self._unanswered.update(owners)
+                return
+            if self._unanswered:
+                self._unanswered.difference_update(owners)
+            missing = set(owners).difference(held)  # not sent ahead, or dropped by a renewal
+            if missing:
+                held.update((claim.owner, claim) for claim in claims if claim.owner in missing)
+                self._since.update(dict.fromkeys(missing, now))
 
-    def drop(self, claims: Iterable[Claim]) -> None:
+    def drop(self, claims: Sequence[Claim]) -> None:
         """Stop renewing ``claims``; returns once no renewal of them can still be sent."""
+        owners = [claim.owner for claim in claims]
         with self._lock:
-            held, since = self._held, self._since
-            for claim in claims:
-                if held.pop(claim.owner, None) is not None:
-                    del since[claim.owner]
+            forget_claim, forget_since = self._held.pop, self._since.pop
+            for owner in owners:
+                forget_claim(owner, None)
+                forget_since(owner, None)
+            if self._unanswered:
+                self._unanswered.difference_update(owners)
 
     def drop_all(self) -> None:
         with self._lock:
             self._held.clear()
             self._since.clear()
+            self._unanswered.clear()
 
     def held(self) -> int:
         with self._lock:
@@ -89,15 +111,19 @@ class LeaseKeeper:
                             "longer renewed", len(self._held) - len(claims))
                 self._held = {claim.owner: claim for claim in claims}
                 self._since = {claim.owner: since[claim.owner] for claim in claims}
+                self._unanswered.intersection_update(self._held)
             if not claims:
                 return
             self.renewals += 1
             results = self._dedup.claim(claims)
             for claim, result, _ in results:
                 if result not in _KEPT:  # BUSY: lapsed and taken; DONE/EXPIRED: settled
-                    if self._held.pop(claim.owner, None) is not None:
-                        del self._since[claim.owner]
-                    if result is ClaimResult.BUSY:
+                    owner = claim.owner
+                    if self._held.pop(owner, None) is not None:
+                        del self._since[owner]
+                    if owner in self._unanswered:  # never ours: its answer will say so
+                        self._unanswered.discard(owner)
+                    elif result is ClaimResult.BUSY:
                         self.lost += 1
                         log.warning("claim on %s lapsed and was taken over before renewal; "
                                     "its done mark will be refused", claim.message_id)

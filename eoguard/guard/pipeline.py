@@ -118,6 +118,7 @@ class Pipeline:
             elif self._decoded:  # a run starts: claim all but the newest now, on their own
                 first = self._decoded[:-1] or self._decoded[:]
                 flight = Flight(self._send(self._claim_calls(first)), claims=first)
+                self._batches.sent(first)
                 del self._decoded[:len(first)]  # once sent: a failed send leaves them here
                 self._flights.append(flight)
             else:
@@ -138,6 +139,7 @@ class Pipeline:
         if failed:
             prepared.append(self._dedup.prepare_release(self._batches.let_go(failed)))
         flight = Flight(self._send(prepared), done=batch, ok=ok, failed=failed, claims=claims)
+        self._batches.sent(claims)
         self._decoded = []  # once sent: a failed send leaves every batch where it was
         self._flights.append(flight)
         self._claimed.popleft()

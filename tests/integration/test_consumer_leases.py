@@ -77,3 +77,59 @@ def test_two_readers_of_one_scope_with_slow_batches_handle_each_record_once(
     assert stats["a"].lease_renewals + stats["b"].lease_renewals > 0
     assert stats["a"].leases_lost + stats["b"].leases_lost == 0
     assert stats["a"].busy_skipped + stats["b"].busy_skipped == 0
+
+
+def test_claims_sent_ahead_never_lapse_while_their_batch_waits(
+        kafka_bootstrap: str, redis_url: str, redis_client: Any, key_prefix: str,
+        new_topic: Any) -> None:
+    # The pipeline sends a batch's claims two batches before it handles it, and reads their
+    # answer only then. With 0.5 s batches that is 1 s unread: a whole lease. A watcher reads
+    # every dedup key every 50 ms; a claim past its deadline is one another reader of the
+    # scope could take over and handle a second time. (Renewed only from their landing on,
+    # the claims of every batch read ahead lapsed here.)
+    topic = new_topic(1)
+    envs = [envelope(b"ahead %d" % i) for i in range(120)]
+    produce(kafka_bootstrap, topic, envs, partition=0)
+    config = consumer_config(kafka_bootstrap, redis_url, [topic], prefix=key_prefix,
+                             lease_s=LEASE_S, batch_size=10)
+    handled: list[str] = []
+
+    def handler(ctx: HandlerContext) -> None:
+        time.sleep(0.05)  # 10 x 0.05 s = 0.5 s per batch
+        handled.append(ctx.message_id)
+
+    consumer = GuardedConsumer(config, handler=handler)
+    keys = [config.keyspace.dedup(config.scope, e.id) for e in envs]
+    lapsed: set[str] = set()
+    reads = [0]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.05):
+            now_ms = time.time() * 1000
+            reads[0] += 1
+            for key, value in zip(keys, redis_client.mget(keys), strict=True):
+                if value is not None and value.startswith(b"c|") \
+                        and int(value.split(b"|")[1]) < now_ms - 20:
+                    lapsed.add(key)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(handled) < len(envs) or consumer.stats().in_flight:
+            assert time.monotonic() < deadline, consumer.stats()
+            consumer.poll_once()
+    finally:
+        stop.set()
+        watcher.join(timeout=10)
+        consumer.close()
+    stats = consumer.stats()
+    print(f"handled={len(handled)} watcher reads={reads[0]} of {len(keys)} keys each; "
+          f"claims seen past their deadline={len(lapsed)}; renewals={stats.lease_renewals} "
+          f"lost={stats.leases_lost}")
+    assert sorted(handled) == sorted(e.id for e in envs)
+    assert reads[0] > 50  # the watcher looked throughout
+    assert stats.lease_renewals > 0
+    assert lapsed == set()
+    assert stats.leases_lost == 0
