@@ -6,6 +6,8 @@ resumes where it stopped: every message's Redis-side effect exists exactly once.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -100,12 +102,12 @@ def test_redis_killed_mid_stream_nothing_lost_nothing_doubled(
 
 def test_redis_killed_with_a_round_trip_in_flight_rewinds_and_resumes(
         private_redis, new_topic, kafka_bootstrap, key_prefix) -> None:
-    # Polled by hand until the next poll's first Redis call is a landing (every batch read,
-    # none claimed in reserve, a round trip in flight), then Redis is killed: when that
-    # landing fails, the rewind must re-read the batches of a round trip whose landing
-    # already failed once (it raised RuntimeError out of poll_once before the fix). Redis may
-    # have answered before the kill (the landing then succeeds): up to 5 rounds, 100
-    # messages each, until one fails.
+    # Polled by hand until one batch is left to handle, every claim read. Redis is then
+    # stopped (SIGSTOP) and killed 0.5 s later: the poll in between handles that batch and
+    # sends its done marks, which Redis never answers. Their landing fails, and the rewind
+    # must re-read the batches of a round trip whose landing already failed once (it raised
+    # RuntimeError out of poll_once before the fix). A landing that waits on the stopped
+    # Redis fails at the kill instead.
     topic = new_topic(2)
     scope = "rf"
     keys = KeySpace(prefix=key_prefix)
@@ -119,26 +121,26 @@ def test_redis_killed_with_a_round_trip_in_flight_rewinds_and_resumes(
                              retry_backoff_s=0.05, retry_backoff_max_s=0.2)
     consumer = GuardedConsumer(config, handler=handler)
     client = redis.Redis.from_url(private_redis.address)
-    envs: list = []
-    rounds = failed_landings = 0
+    envs = [envelope(b"f%d" % i, ttl_ms=3_600_000) for i in range(100)]
+    produce(kafka_bootstrap, topic, envs)
     try:
-        while rounds < 5 and not failed_landings:
-            rounds += 1
-            chunk = [envelope(b"f%d" % i, ttl_ms=3_600_000) for i in range(100)]
-            produce(kafka_bootstrap, topic, chunk)
-            envs += chunk
-            deadline = time.monotonic() + 60
-            pipe = consumer._pipe  # the state this test is about
-            while not (consumer.stats().polled >= len(envs) and not pipe._claimed
-                       and pipe._flights):
-                assert time.monotonic() < deadline, f"never got there: {consumer.stats()}"
-                consumer.poll_once()
-            before = consumer.stats().store_outages
-            private_redis.kill()
-            for _ in range(4):  # each fails and rewinds; none may raise
-                consumer.poll_once()
-            failed_landings = consumer.stats().store_outages - before
-            private_redis.start()
+        deadline = time.monotonic() + 60
+        pipe = consumer._pipe  # the state this test is about
+        while not (consumer.stats().polled >= len(envs) and len(pipe._claimed) == 1
+                   and not pipe._decoded and not any(f.claims for f in pipe._flights)):
+            assert time.monotonic() < deadline, f"never got there: {consumer.stats()}"
+            consumer.poll_once()
+        before = consumer.stats().store_outages
+        pid = private_redis.pid()
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        killer = threading.Timer(0.5, private_redis.kill)
+        killer.start()
+        for _ in range(4):  # the first sends done marks never answered; none may raise
+            consumer.poll_once()
+        killer.join()
+        failed_landings = consumer.stats().store_outages - before
+        private_redis.start()
         deadline = time.monotonic() + 120
         while done_count(consumer.stats()) < len(envs):
             assert time.monotonic() < deadline, f"did not resume: {consumer.stats()}"
@@ -148,7 +150,7 @@ def test_redis_killed_with_a_round_trip_in_flight_rewinds_and_resumes(
     seen, counts = effect_counts(client, keys, scope)
     final = consumer.stats()
     client.close()
-    print(f"\nmessages {len(envs)}; rounds {rounds}; rewinds after the kill {failed_landings}; "
+    print(f"\nmessages {len(envs)}; rewinds after the kill {failed_landings}; "
           f"handled {final.handled}; redelivered {final.redelivered}; effects {len(seen)}; "
           f"counters {len(counts)} (not 1: {sum(1 for n in counts.values() if n != 1)})")
     assert failed_landings >= 1  # the path under test was taken
