@@ -10,9 +10,12 @@ for a claim given back. One landing after a done mark finds DONE and writes noth
 
 Claims are held from the moment they are sent (``answered=False``), before their answer is
 read: the consumer reads it two polls later, and a claim waiting that long unrenewed would
-lapse behind batches that take a third of the lease each. A renewal that finds such a claim
-not ours drops it without counting it lost (it never was ours); the answer, when read, holds
-what is ours (``answered=True``) and drops the rest.
+lapse behind batches that take a third of the lease each. Until their answer is read they are
+renewed without being claimed again (:meth:`DedupStore.renew`: only a claim already ours is
+extended), since claiming could take a key their answer reports as another owner's, which
+nobody would then hold; one found done or another owner's is dropped, not counted lost (it
+never was ours). The answer, when read, holds what is ours (``answered=True``) and drops the
+rest.
 
 Renewal stops after ``max_hold_s`` (the consumer's ``max.poll.interval.ms``): a handler hung
 that long has lost its partitions to the group, and its claims must lapse so the record's new
@@ -27,11 +30,12 @@ import time
 from collections.abc import Sequence
 
 from eoguard.errors import StoreError
-from eoguard.store.dedup import Claim, ClaimResult, DedupStore
+from eoguard.store.dedup import Claim, ClaimResult, DedupStore, RenewResult
 
 log = logging.getLogger(__name__)
 
 _KEPT = (ClaimResult.NEW, ClaimResult.MINE, ClaimResult.TAKEN_OVER)
+_NOT_OURS = (RenewResult.DONE, RenewResult.OTHER_OWNER)  # ABSENT: its claim may be on its way
 
 
 class LeaseKeeper:
@@ -49,7 +53,7 @@ class LeaseKeeper:
         self._unanswered: set[str] = set()  # sent, their claim's answer not read yet
         self._lock = threading.Lock()  # held while a renewal is in flight: drop() waits for it
         self._stop = threading.Event()
-        self.renewals = 0  # round trips sent
+        self.renewals = 0  # renewal passes
         self.lost = 0  # claims found held by another owner at renewal (their lease had lapsed)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -101,7 +105,8 @@ class LeaseKeeper:
         self._thread.join(timeout=5)
 
     def renew(self) -> None:
-        """Renew every held claim now (one round trip); the thread calls it on its schedule."""
+        """Renew every held claim now (one round trip, two when some answers are not read
+        yet); the thread calls it on its schedule."""
         with self._lock:
             stale = time.monotonic() - self._max_hold_s
             since = self._since
@@ -115,18 +120,24 @@ class LeaseKeeper:
             if not claims:
                 return
             self.renewals += 1
-            results = self._dedup.claim(claims)
-            for claim, result, _ in results:
+            sent = [claim for claim in claims if claim.owner in self._unanswered]
+            if sent:
+                claims = [claim for claim in claims if claim.owner not in self._unanswered]
+                for claim, renewed in zip(sent, self._dedup.renew(sent), strict=True):
+                    if renewed in _NOT_OURS:  # never was: its answer will say so
+                        self._forget(claim.owner)
+            for claim, result, _ in self._dedup.claim(claims) if claims else ():
                 if result not in _KEPT:  # BUSY: lapsed and taken; DONE/EXPIRED: settled
-                    owner = claim.owner
-                    if self._held.pop(owner, None) is not None:
-                        del self._since[owner]
-                    if owner in self._unanswered:  # never ours: its answer will say so
-                        self._unanswered.discard(owner)
-                    elif result is ClaimResult.BUSY:
+                    self._forget(claim.owner)
+                    if result is ClaimResult.BUSY:
                         self.lost += 1
                         log.warning("claim on %s lapsed and was taken over before renewal; "
                                     "its done mark will be refused", claim.message_id)
+
+    def _forget(self, owner: str) -> None:
+        if self._held.pop(owner, None) is not None:
+            del self._since[owner]
+        self._unanswered.discard(owner)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):

@@ -28,6 +28,7 @@ from eoguard.store.dedup_types import (
     DoneResult,
     Effect,
     ReleaseResult,
+    RenewResult,
     owner_token,
 )
 from eoguard.store.keys import KeySpace
@@ -46,6 +47,7 @@ __all__ = [
     "DoneResult",
     "Effect",
     "ReleaseResult",
+    "RenewResult",
     "owner_token",
     "read_entries",
     "scan_entries",
@@ -54,6 +56,7 @@ __all__ = [
 _CLAIM = tuple(ClaimResult)  # by code: enum lookups by value are slow on the hot path
 _DONE = tuple(DoneResult)
 _RELEASE = tuple(ReleaseResult)
+_RENEW = tuple(RenewResult)
 _BUSY_CODE = 48 + ClaimResult.BUSY.value  # as the scripts write it: an ASCII digit
 _EFFECT_ERROR_CODE = 48 + DoneResult.EFFECT_ERROR.value
 
@@ -198,13 +201,25 @@ class DedupStore:
                  for members, keys in groups.values()]
 
         def parse(replies: list[Any]) -> list[ReleaseResult]:
-            results: list[Any] = [None] * len(claims)
-            for (members, _), codes in zip(groups.values(), replies, strict=True):
-                for i, code in zip(members, codes, strict=True):
-                    results[i] = _RELEASE[code - 48]
-            return results
+            return _by_digit(groups, replies, _RELEASE, len(claims))
 
         return Prepared(calls, parse)
+
+    def renew(self, claims: Sequence[Claim]) -> list[RenewResult]:
+        """Move the lease of the claims their owner still holds; nothing else is written.
+
+        For claims sent whose answer is not read yet: claiming them again (as a renewal of a
+        claim known to be ours does) could create or take over a key their own answer
+        reports as another owner's, and nobody would hold it then."""
+        groups = self._group(claims)
+        calls = [ScriptCall("dedup_renew", keys,
+                            [self.lease_ms, *(claims[i].owner for i in members)])
+                 for members, keys in groups.values()]
+
+        def parse(replies: list[Any]) -> list[RenewResult]:
+            return _by_digit(groups, replies, _RENEW, len(claims))
+
+        return self._run(Prepared(calls, parse), "renewing claims")
 
     def run(self, prepared: Sequence[Prepared[Any]], doing: str = "claiming and marking done"
             ) -> list[Any]:
@@ -274,6 +289,16 @@ class DedupStore:
             return prepared.parse([])
         self.round_trips += 1
         return prepared.parse(self._scripts.run(prepared.calls, doing=doing))
+
+
+def _by_digit(groups: Groups, replies: list[Any], table: tuple[T, ...], count: int) -> list[T]:
+    """Per claim, in input order, the result its script call's reply gives it: the replies are
+    strings of one ASCII digit (a code of ``table``) per claim of their group."""
+    results: list[Any] = [None] * count
+    for (members, _), codes in zip(groups.values(), replies, strict=True):
+        for i, code in zip(members, codes, strict=True):
+            results[i] = table[code - 48]
+    return results
 
 
 def scan_entries(client: RedisClient, keys: KeySpace, *, scope: str | None = None,

@@ -64,6 +64,15 @@ class ReleaseResult(enum.Enum):
     ALREADY_DONE = 2
 
 
+class RenewResult(enum.Enum):
+    """Outcome of renewing one claim without claiming it; the codes of ``dedup_renew.lua``."""
+
+    ABSENT = 0  # not claimed yet (its claim not processed), or gone: nothing written
+    RENEWED = 1
+    DONE = 2
+    OTHER_OWNER = 3
+
+
 class DedupState(enum.Enum):
     """What a dedup key holds."""
 

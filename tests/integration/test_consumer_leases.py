@@ -15,8 +15,12 @@ from typing import Any
 
 import pytest
 
+from eoguard.envelope import new_message_id, now_ms
 from eoguard.guard.consumer import GuardedConsumer
 from eoguard.guard.handler import HandlerContext
+from eoguard.guard.lease import LeaseKeeper
+from eoguard.store.dedup import DedupState, DedupStore, owner_token
+from eoguard.store.keys import KeySpace
 from tests.consumer_kit import consumer_config, envelope, produce
 
 pytestmark = pytest.mark.integration
@@ -133,3 +137,41 @@ def test_claims_sent_ahead_never_lapse_while_their_batch_waits(
     assert stats.lease_renewals > 0
     assert lapsed == set()
     assert stats.leases_lost == 0
+
+
+def test_a_claim_whose_answer_is_not_read_is_never_claimed_by_its_renewal(
+        redis_client: Any, key_prefix: str) -> None:
+    # A copy of a message held elsewhere is sent for claiming: its answer (BUSY) is read two
+    # polls later. If the other owner gives the key back meanwhile, a renewal that claimed
+    # again would take the key for a claim the consumer then sets aside as BUSY, and nobody
+    # would renew, mark or release it: the message's other copies would wait on it.
+    store = DedupStore(redis_client, scope="app", keys=KeySpace(prefix=key_prefix))
+    mid, later = new_message_id(), new_message_id()
+    other = store.new_claim(mid, owner_token("app", "g", "t", 0, 1), now_ms() + 60_000)
+    copy = store.new_claim(mid, owner_token("app", "g", "t", 0, 2), now_ms() + 60_000)
+    on_its_way = store.new_claim(later, owner_token("app", "g", "t", 0, 3), now_ms() + 60_000)
+    store.claim([other])
+    keeper = LeaseKeeper(store, interval_s=3600, max_hold_s=3600)
+    try:
+        keeper.hold([copy, on_its_way], answered=False)
+        store.release([other])
+        keeper.renew()
+        assert redis_client.exists(store.key(mid)) == 0  # not taken by the renewal
+        assert redis_client.exists(store.key(later)) == 0
+        assert keeper.held() == 2  # nothing says they are not ours yet
+        store.claim([other])  # held by another owner again
+        keeper.renew()
+        assert keeper.held() == 1  # the copy is dropped, not counted lost: never was ours
+        assert keeper.lost == 0
+        # Once its answer says ours, a claim is renewed by claiming again, as before.
+        store.claim([on_its_way])
+        keeper.hold([on_its_way])
+        keeper.renew()
+        entry = store.check(later)
+        assert entry is not None
+        assert entry.state is DedupState.CLAIMED
+        assert entry.owner == on_its_way.owner
+        assert keeper.held() == 1
+        assert keeper.renewals == 3
+    finally:
+        keeper.close()

@@ -18,6 +18,7 @@ from eoguard.store.dedup import (
     DoneResult,
     Effect,
     ReleaseResult,
+    RenewResult,
     owner_token,
 )
 from eoguard.store.keys import KeySpace
@@ -230,3 +231,27 @@ def test_done_by_a_non_owner_changes_nothing(store: DedupStore, redis_client: re
     assert store.done([holder])[0].result is DoneResult.ALREADY_DONE
     assert store.done([other])[0].result is DoneResult.ALREADY_DONE
     assert redis_client.get(store.key(mid)) == done_value
+
+
+def test_renew_extends_only_a_claim_already_ours(store: DedupStore,
+                                                 redis_client: redis.Redis) -> None:
+    absent, mine, other, done = (new_message_id() for _ in range(4))
+    ours = [claim_of(absent, 1), claim_of(mine, 2), claim_of(other, 3), claim_of(done, 4)]
+    store.claim([ours[1], claim_of(other, 30), ours[3]])  # other: held at another offset
+    store.done([ours[3]])
+    deadline = store.check(mine).at_ms  # type: ignore[union-attr]
+    time.sleep(0.01)
+    assert store.renew(ours) == [RenewResult.ABSENT, RenewResult.RENEWED,
+                                 RenewResult.OTHER_OWNER, RenewResult.DONE]
+    assert redis_client.exists(store.key(absent)) == 0  # never claimed by a renewal
+    renewed = store.check(mine)
+    assert renewed is not None
+    assert renewed.state is DedupState.CLAIMED
+    assert renewed.at_ms > deadline
+    assert renewed.expire_at_ms == ours[1].expires_at_ms + GRACE_MS  # TTL kept
+    held = store.check(other)
+    assert held is not None
+    assert held.owner == claim_of(other, 30).owner
+    done_entry = store.check(done)
+    assert done_entry is not None
+    assert done_entry.state is DedupState.DONE
