@@ -72,7 +72,7 @@ class ConsumerStats:
     in_flight: int = 0
     store_outages: int = 0
     commits: int = 0
-    lease_renewals: int = 0  # round trips renewing the claims of a batch still being handled
+    lease_renewals: int = 0  # renewal passes over the claims held (sent and not done yet)
     leases_lost: int = 0  # claims found taken over at renewal (handled too slowly)
 
 

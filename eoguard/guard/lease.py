@@ -13,9 +13,9 @@ read: the consumer reads it two polls later, and a claim waiting that long unren
 lapse behind batches that take a third of the lease each. Until their answer is read they are
 renewed without being claimed again (:meth:`DedupStore.renew`: only a claim already ours is
 extended), since claiming could take a key their answer reports as another owner's, which
-nobody would then hold; one found done or another owner's is dropped, not counted lost (it
-never was ours). The answer, when read, holds what is ours (``answered=True``) and drops the
-rest.
+nobody would then hold. Nothing is dropped on what that renewal finds (it may run before the
+claims themselves, on another connection): the answer, when read, holds what is ours
+(``answered=True``) and drops the rest.
 
 Renewal stops after ``max_hold_s`` (the consumer's ``max.poll.interval.ms``): a handler hung
 that long has lost its partitions to the group, and its claims must lapse so the record's new
@@ -30,12 +30,11 @@ import time
 from collections.abc import Sequence
 
 from eoguard.errors import StoreError
-from eoguard.store.dedup import Claim, ClaimResult, DedupStore, RenewResult
+from eoguard.store.dedup import Claim, ClaimResult, DedupStore
 
 log = logging.getLogger(__name__)
 
 _KEPT = (ClaimResult.NEW, ClaimResult.MINE, ClaimResult.TAKEN_OVER)
-_NOT_OURS = (RenewResult.DONE, RenewResult.OTHER_OWNER)  # ABSENT: its claim may be on its way
 
 
 class LeaseKeeper:
@@ -120,24 +119,22 @@ class LeaseKeeper:
             if not claims:
                 return
             self.renewals += 1
-            sent = [claim for claim in claims if claim.owner in self._unanswered]
+            unanswered = self._unanswered
+            sent = [claim for claim in claims if claim.owner in unanswered]
             if sent:
-                claims = [claim for claim in claims if claim.owner not in self._unanswered]
-                for claim, renewed in zip(sent, self._dedup.renew(sent), strict=True):
-                    if renewed in _NOT_OURS:  # never was: its answer will say so
-                        self._forget(claim.owner)
+                claims = [claim for claim in claims if claim.owner not in unanswered]
             for claim, result, _ in self._dedup.claim(claims) if claims else ():
                 if result not in _KEPT:  # BUSY: lapsed and taken; DONE/EXPIRED: settled
-                    self._forget(claim.owner)
+                    if self._held.pop(claim.owner, None) is not None:
+                        del self._since[claim.owner]
                     if result is ClaimResult.BUSY:
                         self.lost += 1
                         log.warning("claim on %s lapsed and was taken over before renewal; "
                                     "its done mark will be refused", claim.message_id)
-
-    def _forget(self, owner: str) -> None:
-        if self._held.pop(owner, None) is not None:
-            del self._since[owner]
-        self._unanswered.discard(owner)
+            if sent:
+                # Whatever it answers, nothing is dropped: this may run before the claims do
+                # (another connection), and their answer, when read, drops what is not ours.
+                self._dedup.renew(sent)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
