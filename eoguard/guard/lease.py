@@ -19,7 +19,9 @@ claims themselves, on another connection): the answer, when read, holds what is 
 
 Renewal stops after ``max_hold_s`` (the consumer's ``max.poll.interval.ms``): a handler hung
 that long has lost its partitions to the group, and its claims must lapse so the record's new
-reader, or a duplicate elsewhere, can take them over instead of skipping them as BUSY.
+reader, or a duplicate elsewhere, can take them over instead of skipping them as BUSY. It
+counts from when the claim's answer is read (right before its batch is handled), not from
+when it was sent: batches read ahead wait behind the ones being handled.
 """
 
 from __future__ import annotations
@@ -71,8 +73,11 @@ class LeaseKeeper:
                 self._since.update(dict.fromkeys(owners, now))
                 self._unanswered.update(owners)
                 return
-            if self._unanswered:
-                self._unanswered.difference_update(owners)
+            if self._unanswered:  # max_hold_s counts from the answer: sent ahead is not held
+                answered_now = self._unanswered.intersection(owners)
+                if answered_now:
+                    self._unanswered.difference_update(answered_now)
+                    self._since.update(dict.fromkeys(answered_now, now))
             missing = set(owners).difference(held)  # not sent ahead, or dropped by a renewal
             if missing:
                 held.update((claim.owner, claim) for claim in claims if claim.owner in missing)

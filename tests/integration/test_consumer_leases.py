@@ -177,3 +177,26 @@ def test_a_claim_whose_answer_is_not_read_is_never_claimed_by_its_renewal(
         assert keeper.renewals == 3
     finally:
         keeper.close()
+
+
+def test_max_hold_counts_from_the_answer_not_from_the_send(redis_client: Any,
+                                                          key_prefix: str) -> None:
+    # Renewal stops max_hold_s (max.poll.interval.ms) after a claim is held: a handler hung
+    # that long lost its partitions. Claims sent ahead wait behind the batches being handled;
+    # counted from their send, slow batches would lose their renewal while being handled.
+    store = DedupStore(redis_client, scope="app", keys=KeySpace(prefix=key_prefix))
+    ahead = store.new_claim(new_message_id(), owner_token("app", "g", "t", 0, 1),
+                            now_ms() + 60_000)
+    keeper = LeaseKeeper(store, interval_s=3600, max_hold_s=0.3)
+    try:
+        keeper.hold([ahead], answered=False)
+        store.claim([ahead])
+        time.sleep(0.4)  # longer than max_hold_s, waiting behind other batches
+        keeper.hold([ahead])  # its answer is read: its batch is handled next
+        keeper.renew()
+        assert keeper.held() == 1  # still renewed
+        time.sleep(0.4)  # now held past max_hold_s: a hung handler
+        keeper.renew()
+        assert keeper.held() == 0
+    finally:
+        keeper.close()
