@@ -73,7 +73,7 @@ class LeaseKeeper:
                 self._since.update(dict.fromkeys(owners, now))
                 self._unanswered.update(owners)
                 return
-            if self._unanswered:  # max_hold_s counts from the answer: sent ahead is not held
+            if self._unanswered:  # their max_hold_s clock starts over now (see the docstring)
                 answered_now = self._unanswered.intersection(owners)
                 if answered_now:
                     self._unanswered.difference_update(answered_now)
