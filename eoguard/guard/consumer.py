@@ -34,9 +34,8 @@ batches' claims went out before this batch's done marks, a copy of a message of 
 handled is BUSY (held by this consumer) and is claimed again, DONE, once those done marks land.
 Every claim is renewed every ``lease_s / 3`` by a :class:`~eoguard.guard.lease.LeaseKeeper`
 thread from when it is sent until it is marked done or released, so a slow batch, and the
-batches read ahead behind it, keep their claims; a claim lost
-anyway (the process stalled past its lease) is reported by the done mark (fenced, never
-doubled).
+batches read ahead behind it, keep their claims; a claim lost anyway (the process stalled past
+its lease) is reported by the done mark (fenced, never doubled).
 
 Redis (or Kafka, for outputs and dead letters) failing in Steps 4-8: nothing more is committed,
 the partitions are rewound to the first offsets held and re-read after a backoff; what was
