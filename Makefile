@@ -8,9 +8,10 @@ STAMP   := $(VENV)/.installed
 
 .PHONY: setup test demo bench lint stack-up stack-down clean
 
-$(STAMP): pyproject.toml
+# The Spark job is its own distribution (eoguard-spark, import name eoguard_spark) in connectors/spark.
+$(STAMP): pyproject.toml connectors/spark/pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[dev,spark,metrics]'
+	$(BIN)/pip install -q -e '.[dev,metrics]' -e ./connectors/spark
 	touch $(STAMP)
 
 setup: $(STAMP)

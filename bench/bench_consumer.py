@@ -34,10 +34,10 @@ from confluent_kafka import Consumer
 
 from eoguard.codec import EnvelopeCodec, PayloadCodec
 from eoguard.config import ConsumerConfig, RedisConfig
-from eoguard.guard.consumer import GuardedConsumer
+from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.stack import LocalStack, create_topics
+from eoguard.stack.feed import envelope, produce
 from eoguard.store.keys import KeySpace
-from tests.consumer_kit import envelope, produce
 
 CODEC = EnvelopeCodec()
 PAYLOADS = PayloadCodec()

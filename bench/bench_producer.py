@@ -32,7 +32,7 @@ from confluent_kafka import Producer
 from eoguard.codec import EnvelopeCodec
 from eoguard.config import ProducerConfig, RedisConfig
 from eoguard.envelope import Envelope
-from eoguard.guard.producer import GuardedProducer
+from eoguard.producer.guarded import GuardedProducer
 from eoguard.stack import LocalStack, create_topics
 from eoguard.store.keys import KeySpace
 

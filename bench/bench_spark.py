@@ -35,10 +35,10 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.bench_consumer import forget
-from connectors.spark import BatchStats, DedupMode, JobOptions, build_query, local_session
 from eoguard.codec import PayloadCodec
 from eoguard.stack import LocalStack
-from tests.consumer_kit import envelope, produce
+from eoguard.stack.feed import envelope, produce
+from eoguard_spark import BatchStats, DedupMode, JobOptions, build_query, local_session
 
 ORDER = "eoguard.example.Order"
 

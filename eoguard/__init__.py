@@ -4,13 +4,10 @@ This module holds the public API only; everything listed in ``__all__`` is stabl
 """
 
 from eoguard.codec import EnvelopeCodec, PayloadCodec, SchemaRegistry
-from eoguard.config import (
-    ConsumerConfig,
-    KeepUntil,
-    PersistenceMode,
-    ProducerConfig,
-    RedisConfig,
-)
+from eoguard.config import ConsumerConfig, ProducerConfig, RedisConfig
+from eoguard.consumer.batch import ConsumerStats
+from eoguard.consumer.guarded import GuardedConsumer
+from eoguard.consumer.handler import HandlerContext, RedisTx
 from eoguard.envelope import Envelope, derived_message_id, new_message_id, now_ms
 from eoguard.errors import (
     BackpressureError,
@@ -20,29 +17,29 @@ from eoguard.errors import (
     ClaimNotOwnedError,
     CodecError,
     ConfigError,
-    ConsumerError,
+    ConsumerClosedError,
     CorruptRecordError,
     DeadLetterError,
     DemoError,
     EoguardError,
+    InvalidInputError,
     InvalidMessageError,
     MessageTooLargeError,
     PayloadEncodeError,
     PersistError,
     ProducerClosedError,
-    ProducerError,
     SchemaNotFoundError,
     StackError,
+    StateError,
     StoreError,
     StoreUnavailableError,
+    UnavailableError,
     UnknownFingerprintError,
 )
-from eoguard.guard.batch import ConsumerStats
-from eoguard.guard.consumer import GuardedConsumer
-from eoguard.guard.handler import HandlerContext, RedisTx
-from eoguard.guard.messages import MessageState, ProducerStats, SendHandle
-from eoguard.guard.producer import GuardedProducer
-from eoguard.guard.recovery import RecoveryReport
+from eoguard.modes import KeepUntil, PersistenceMode
+from eoguard.producer.guarded import GuardedProducer
+from eoguard.producer.messages import MessageState, ProducerStats, SendHandle
+from eoguard.producer.recovery import RecoveryReport
 from eoguard.store.dedup import ClaimResult, DedupStore
 
 __all__ = [
@@ -54,8 +51,8 @@ __all__ = [
     "ClaimResult",
     "CodecError",
     "ConfigError",
+    "ConsumerClosedError",
     "ConsumerConfig",
-    "ConsumerError",
     "ConsumerStats",
     "CorruptRecordError",
     "DeadLetterError",
@@ -67,6 +64,7 @@ __all__ = [
     "GuardedConsumer",
     "GuardedProducer",
     "HandlerContext",
+    "InvalidInputError",
     "InvalidMessageError",
     "KeepUntil",
     "MessageState",
@@ -77,7 +75,6 @@ __all__ = [
     "PersistenceMode",
     "ProducerClosedError",
     "ProducerConfig",
-    "ProducerError",
     "ProducerStats",
     "RecoveryReport",
     "RedisConfig",
@@ -86,8 +83,10 @@ __all__ = [
     "SchemaRegistry",
     "SendHandle",
     "StackError",
+    "StateError",
     "StoreError",
     "StoreUnavailableError",
+    "UnavailableError",
     "UnknownFingerprintError",
     "derived_message_id",
     "new_message_id",

@@ -6,13 +6,13 @@ later. Secrets (passwords, SASL credentials, TLS keys) never appear in a ``repr`
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from eoguard.errors import ConfigError
+from eoguard.modes import KeepUntil, PersistenceMode
 from eoguard.redaction import redact, redact_url
 from eoguard.store.client import RedisClient
 from eoguard.store.keys import KeySpace
@@ -106,28 +106,6 @@ class RedisConfig:
 
 
 # --- Producer ----------------------------------------------------------------------------
-
-
-class PersistenceMode(str, enum.Enum):
-    """When the producer writes a message to the Redis outbox.
-
-    ``PERSIST_FIRST``: every message is written to Redis (batched, one round trip) before it
-    is produced; ``on_guaranteed`` fires after the write. Costs one Redis write per message.
-    ``DELAYED``: produce at once, keep the message in memory, and write it to Redis only if
-    Kafka has not acknowledged it within the adaptive delay; ``on_guaranteed`` fires on the
-    first of the two. Saves most Redis writes; a crash inside the delay loses only messages
-    not yet guaranteed, which the application still holds.
-    """
-
-    PERSIST_FIRST = "persist-first"
-    DELAYED = "delayed"
-
-
-class KeepUntil(str, enum.Enum):
-    """When an outbox record is deleted (its TTL deletes it at expiry in every case)."""
-
-    CONSUMED = "consumed"  # the consumer scope's end-to-end ack deletes it
-    PUBLISHED = "published"  # Kafka's acknowledgement deletes it
 
 
 _ACKS_ALL = {"all", "-1"}

@@ -1,29 +1,32 @@
-"""The one exception hierarchy of eoguard.
+"""The one exception hierarchy of eoguard, grouped by what the caller does next.
 
 Every error eoguard raises derives from :class:`EoguardError`; errors from fastavro,
-redis-py and confluent-kafka are wrapped at the boundary (``raise ... from exc``)::
+redis-py and confluent-kafka are wrapped at the boundary (``raise ... from exc``). Below the
+root, three groups say what to do: fix the input, retry later, or re-read the state::
 
     EoguardError
-    ├── ConfigError                 invalid configuration, found at construction
-    ├── CodecError                  a Kafka record value or payload cannot be (de)coded
-    │   ├── BadMagicError           value does not start with the Avro single-object marker C3 01
-    │   ├── UnknownFingerprintError schema fingerprint is not one eoguard knows
-    │   ├── CorruptRecordError      body truncated or not valid Avro for its schema
-    │   ├── SchemaNotFoundError     a payload schema named by a record or a caller is not loaded
-    │   └── PayloadEncodeError      a payload does not match the schema it is encoded with
-    ├── StoreError                  Redis refused or failed an operation
-    │   ├── StoreUnavailableError   Redis cannot be reached (connection, timeout, auth)
-    │   └── ClaimNotOwnedError      a claim was completed or released by an owner that lost it
-    ├── BrokerError                 Kafka refused or failed an operation
-    │   └── BrokerUnavailableError  Kafka cannot be reached within the timeout
-    ├── ProducerError
+    ├── InvalidInputError           bad input: fix what was passed; the same call fails again
+    │   ├── ConfigError             invalid configuration, found at construction
     │   ├── InvalidMessageError     a send argument is invalid (empty topic, bad ttl, value type)
     │   ├── MessageTooLargeError    an encoded record exceeds the configured maximum
-    │   ├── BackpressureError       the in-memory queue stayed full past the send timeout
+    │   └── CodecError              a Kafka record value or payload cannot be (de)coded
+    │       ├── BadMagicError           value does not start with the Avro single-object marker C3 01
+    │       ├── UnknownFingerprintError schema fingerprint is not one eoguard knows
+    │       ├── CorruptRecordError      body truncated or not valid Avro for its schema
+    │       ├── SchemaNotFoundError     a payload schema named by a record or a caller is not loaded
+    │       └── PayloadEncodeError      a payload does not match the schema it is encoded with
+    ├── UnavailableError            a service failed or cannot be reached: retry later, with backoff
+    │   ├── StoreError              Redis refused or failed an operation
+    │   │   └── StoreUnavailableError   Redis cannot be reached (connection, timeout, auth)
+    │   ├── BrokerError             Kafka refused or failed an operation
+    │   │   └── BrokerUnavailableError  Kafka cannot be reached within the timeout
+    │   ├── DeadLetterError         a record could not be routed to the dead-letter topic
     │   ├── PersistError            persist-first mode could not write the outbox
-    │   └── ProducerClosedError     send after close
-    ├── ConsumerError
-    │   └── DeadLetterError         a record could not be routed to the dead-letter topic
+    │   └── BackpressureError       the in-memory queue stayed full past the send timeout
+    ├── StateError                  the state forbids the call: re-read it or stop; a retry fails too
+    │   ├── ClaimNotOwnedError      a claim was completed or released by an owner that lost it
+    │   ├── ProducerClosedError     send after close
+    │   └── ConsumerClosedError     poll after close
     ├── StackError                  the local stack (Kafka, Redis, jars) failed to start
     └── DemoError                   the demo could not run (a worker crashed, a topic not created)
 """
@@ -35,11 +38,31 @@ class EoguardError(Exception):
     """Root of every error eoguard raises."""
 
 
-class ConfigError(EoguardError, ValueError):
+# --- Bad input: fix what was passed --------------------------------------------------------
+
+
+class InvalidInputError(EoguardError, ValueError):
+    """Something the caller passed is invalid; the same call fails the same way again."""
+
+
+class ConfigError(InvalidInputError):
     """Configuration is invalid; raised at construction, never later."""
 
 
-class CodecError(EoguardError):
+class InvalidMessageError(InvalidInputError):
+    """A ``send`` argument is invalid: empty topic, non-positive ttl, value of the wrong type."""
+
+
+class MessageTooLargeError(InvalidInputError):
+    """The encoded record is larger than the configured maximum; refused at ``send``."""
+
+    def __init__(self, message: str, *, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+
+
+class CodecError(InvalidInputError):
     """A Kafka record value or a payload could not be encoded or decoded."""
 
 
@@ -71,7 +94,14 @@ class PayloadEncodeError(CodecError):
     """A payload does not match the schema it is being encoded with."""
 
 
-class StoreError(EoguardError):
+# --- A service failed: retry later -----------------------------------------------------------
+
+
+class UnavailableError(EoguardError):
+    """Redis, Kafka or the dead-letter producer failed or is unreachable; retry after a backoff."""
+
+
+class StoreError(UnavailableError):
     """Redis refused or failed an operation."""
 
 
@@ -79,7 +109,34 @@ class StoreUnavailableError(StoreError):
     """Redis cannot be reached: connection refused, timeout or authentication."""
 
 
-class ClaimNotOwnedError(StoreError):
+class BrokerError(UnavailableError):
+    """Kafka refused or failed an operation."""
+
+
+class BrokerUnavailableError(BrokerError):
+    """Kafka could not be reached within the timeout."""
+
+
+class DeadLetterError(UnavailableError):
+    """A record could not be written to the dead-letter topic; its offset is not committed."""
+
+
+class PersistError(UnavailableError):
+    """persist-first mode could not write the outbox, so nothing was produced."""
+
+
+class BackpressureError(UnavailableError):
+    """The bounded in-memory queue stayed full for longer than the send timeout."""
+
+
+# --- The state forbids the call: re-read it or stop ----------------------------------------
+
+
+class StateError(EoguardError):
+    """The call conflicts with the current state (an object closed, a claim lost)."""
+
+
+class ClaimNotOwnedError(StateError):
     """A dedup claim was completed or released by an owner that no longer holds it."""
 
     def __init__(self, message: str, *, message_id: str, owner: str) -> None:
@@ -88,49 +145,15 @@ class ClaimNotOwnedError(StoreError):
         self.owner = owner
 
 
-class BrokerError(EoguardError):
-    """Kafka refused or failed an operation."""
-
-
-class BrokerUnavailableError(BrokerError):
-    """Kafka could not be reached within the timeout."""
-
-
-class ProducerError(EoguardError):
-    """A GuardedProducer operation failed."""
-
-
-class InvalidMessageError(ProducerError, ValueError):
-    """A ``send`` argument is invalid: empty topic, non-positive ttl, value of the wrong type."""
-
-
-class MessageTooLargeError(ProducerError):
-    """The encoded record is larger than the configured maximum; refused at ``send``."""
-
-    def __init__(self, message: str, *, size: int, limit: int) -> None:
-        super().__init__(message)
-        self.size = size
-        self.limit = limit
-
-
-class BackpressureError(ProducerError):
-    """The bounded in-memory queue stayed full for longer than the send timeout."""
-
-
-class PersistError(ProducerError):
-    """persist-first mode could not write the outbox, so nothing was produced."""
-
-
-class ProducerClosedError(ProducerError):
+class ProducerClosedError(StateError):
     """``send`` was called after the producer was closed."""
 
 
-class ConsumerError(EoguardError):
-    """A GuardedConsumer operation failed."""
+class ConsumerClosedError(StateError):
+    """``poll_once`` or ``run`` was called after the consumer was closed."""
 
 
-class DeadLetterError(ConsumerError):
-    """A record could not be written to the dead-letter topic; its offset is not committed."""
+# --- The tools around the library ------------------------------------------------------------
 
 
 class StackError(EoguardError):

@@ -131,13 +131,13 @@ def spark() -> Iterator[SparkSession]:
     """One local SparkSession (local[2], 2 shuffle partitions) with the connector jars.
 
     Jars come from ``eoguard.stack.spark_jars()`` through ``spark.jars`` (nothing is downloaded
-    at start). Python workers run this interpreter (they import eoguard, connectors, pyarrow).
+    at start). Python workers run this interpreter (they import eoguard, eoguard_spark, pyarrow).
     Fails, never skips, when pyspark or the jars are missing.
     """
     try:
         from pyspark.sql import SparkSession  # noqa: PLC0415 - only Spark tests need it
-    except ImportError as exc:  # pragma: no cover - the [spark] extra is part of `make test`
-        pytest.fail(f"pyspark is not installed ({exc}); install eoguard[spark]", pytrace=False)
+    except ImportError as exc:  # pragma: no cover - eoguard-spark is part of `make test`
+        pytest.fail(f"pyspark is not installed ({exc}); pip install ./connectors/spark", pytrace=False)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     try:
         jars = spark_jars()

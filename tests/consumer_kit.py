@@ -1,59 +1,20 @@
-"""Helpers shared by the consumer tests, fault workers and the consumer benchmark."""
+"""Helpers shared by the consumer tests and fault workers (envelopes and producing: eoguard.stack.feed)."""
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from eoguard.codec import EnvelopeCodec
 from eoguard.config import ConsumerConfig, RedisConfig
-from eoguard.envelope import Envelope, new_message_id, now_ms
-from eoguard.guard.consumer import GuardedConsumer
+from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.store.keys import KeySpace
 
 CODEC = EnvelopeCodec()
-
-
-def envelope(payload: bytes = b"payload", *, ttl_ms: int = 600_000, message_id: str | None = None,
-             payload_schema: str | None = None, attempt: int = 1) -> Envelope:
-    created = now_ms()
-    return Envelope(id=message_id or new_message_id(), expires_at_ms=created + ttl_ms,
-                    created_at_ms=created, producer="test-producer", attempt=attempt,
-                    payload_schema=payload_schema, payload=payload, headers={})
-
-
-def produce(bootstrap: str, topic: str, values: Iterable[bytes | Envelope], *,
-            key: bytes | None = None, partition: int | None = None) -> int:
-    """Produce values (envelopes are encoded) with acks=all; returns how many Kafka acked."""
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all",
-                         "enable.idempotence": True, "linger.ms": 5})
-    acked: list[int] = []
-    failed: list[str] = []
-
-    def report(err: Any, _msg: Any) -> None:
-        (failed.append(str(err)) if err else acked.append(1))
-
-    count = 0
-    for value in values:
-        raw = CODEC.encode(value) if isinstance(value, Envelope) else value
-        kwargs: dict[str, Any] = {"value": raw, "key": key, "on_delivery": report}
-        if partition is not None:
-            kwargs["partition"] = partition
-        while True:
-            try:
-                producer.produce(topic, **kwargs)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        count += 1
-    producer.flush(60)
-    assert not failed, failed[:3]
-    assert len(acked) == count
-    return count
 
 
 def consumer_config(bootstrap: str, redis_url: str, topics: Sequence[str], *, prefix: str,

@@ -20,7 +20,7 @@ from typing import Any, TypeVar, cast
 import click
 import redis
 
-from eoguard.errors import ConfigError, EoguardError, StoreUnavailableError
+from eoguard.errors import EoguardError, InvalidInputError, StoreUnavailableError
 from eoguard.redaction import redact_url
 from eoguard.store.keys import DEFAULT_SHARDS, KeySpace
 from eoguard.store.layout import recorded_shards
@@ -66,7 +66,7 @@ def translate(exc: BaseException, redis_url: str) -> CliError:
         return CliError(f"Redis at {where} refused authentication: {_one_line(exc)}")
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, StoreUnavailableError)):
         return CliError(f"Redis at {where} is unreachable: {_one_line(exc)}")
-    if isinstance(exc, ConfigError):
+    if isinstance(exc, InvalidInputError):
         return BadInputError(_one_line(exc))
     if isinstance(exc, redis.RedisError):
         return CliError(f"Redis at {where} failed: {_one_line(exc)}")

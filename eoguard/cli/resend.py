@@ -107,7 +107,7 @@ def resend(cli: CliContext, ids: tuple[str, ...], *, stuck: bool, bootstrap_serv
 
 def _run(cli: CliContext, ids: list[str] | None, bootstrap: str, timeout_s: float) -> dict[str, int]:
     from eoguard.config import ProducerConfig, RedisConfig  # noqa: PLC0415
-    from eoguard.guard.producer import GuardedProducer  # noqa: PLC0415
+    from eoguard.producer.guarded import GuardedProducer  # noqa: PLC0415
 
     config = ProducerConfig(
         kafka={"bootstrap.servers": bootstrap, "message.timeout.ms": int(timeout_s * 1000)},

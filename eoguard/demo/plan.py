@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eoguard.stack.paths import cache_dir, repo_root
+from eoguard.stack.paths import cache_dir
 
 ORDER_SCHEMA = "eoguard.example.Order"
 HANDLED = "handled"  # the demo handler's effect keys (KeySpace.effect: in the dedup hash slot)
@@ -117,11 +117,10 @@ def make_order(seq: int, *, now: datetime.datetime | None = None) -> dict[str, A
 
 def spark_available() -> tuple[bool, str]:
     """Whether the Spark job can run here, and why not."""
-    root = repo_root()
+    if importlib.util.find_spec("eoguard_spark") is None:
+        return False, "the Spark job is not installed (pip install ./connectors/spark: eoguard-spark)"
     if importlib.util.find_spec("pyspark") is None:
-        return False, "pyspark is not installed (pip install 'eoguard[spark]')"
+        return False, "pyspark is not installed (pip install ./connectors/spark)"
     if importlib.util.find_spec("pyarrow") is None:
         return False, "pyarrow is not installed"
-    if root is None or not (root / "connectors" / "spark" / "job.py").exists():
-        return False, "the Spark job (connectors/spark) ships with the source checkout only"
     return True, "available"

@@ -83,7 +83,7 @@ class Demo:
     def _spark(self, ends: Endpoints) -> Worker:
         spark = self.run_dir.spark
         return self._spawn("spark", [
-            "-m", "connectors.spark", "--bootstrap", ends.kafka_bootstrap,
+            "-m", "eoguard_spark", "--bootstrap", ends.kafka_bootstrap,
             "--topic", self.names.topic, "--scope", self.names.spark_scope,
             "--checkpoint", str(spark / "checkpoint"), "--output", str(spark / "out"),
             "--dead-letter", str(spark / "dead-letter"), "--redis-url", ends.redis_url,

@@ -65,8 +65,8 @@ def run_producer(args: argparse.Namespace) -> int:
 
     from eoguard.config import KeepUntil, PersistenceMode, ProducerConfig, RedisConfig  # noqa: PLC0415
     from eoguard.demo.plan import ORDER_SCHEMA, make_order  # noqa: PLC0415
-    from eoguard.guard.messages import SendHandle  # noqa: PLC0415
-    from eoguard.guard.producer import GuardedProducer  # noqa: PLC0415
+    from eoguard.producer.guarded import GuardedProducer  # noqa: PLC0415
+    from eoguard.producer.messages import SendHandle  # noqa: PLC0415
     from eoguard.store.keys import KeySpace  # noqa: PLC0415
     from eoguard.store.outbox import Outbox  # noqa: PLC0415
 
@@ -125,9 +125,9 @@ def run_producer(args: argparse.Namespace) -> int:
 
 def run_consumer(args: argparse.Namespace) -> int:
     from eoguard.config import ConsumerConfig, RedisConfig  # noqa: PLC0415
+    from eoguard.consumer.guarded import GuardedConsumer  # noqa: PLC0415
+    from eoguard.consumer.handler import HandlerContext  # noqa: PLC0415
     from eoguard.demo.plan import HANDLED, LATE  # noqa: PLC0415
-    from eoguard.guard.consumer import GuardedConsumer  # noqa: PLC0415
-    from eoguard.guard.handler import HandlerContext  # noqa: PLC0415
     from eoguard.store.keys import KeySpace  # noqa: PLC0415
 
     stop = threading.Event()

@@ -21,7 +21,7 @@ from typing import Any
 
 from redis.cluster import RedisCluster
 
-from eoguard.config import KeepUntil
+from eoguard.modes import KeepUntil
 from eoguard.store.client import RedisClient
 from eoguard.store.keys import KeySpace
 from eoguard.store.outbox_types import (

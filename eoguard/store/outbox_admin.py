@@ -4,7 +4,7 @@ Read-only listings go by SCAN (never KEYS) with one pipelined read per batch, an
 the head of each record (``GETRANGE``: its metadata, not the encoded value). The purge sweeps
 index entries of records that are gone, atomically per shard (``outbox_sweep.lua``). Writes to
 records stay in :class:`eoguard.store.outbox.Outbox`; resends go through
-:mod:`eoguard.guard.recovery`.
+:mod:`eoguard.producer.recovery`.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from eoguard.config import KeepUntil
+from eoguard.modes import KeepUntil
 
 __all__ = [
     "ClaimBatch",

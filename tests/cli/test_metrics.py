@@ -7,8 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 import eoguard.metrics
 from eoguard.config import ConsumerConfig, ProducerConfig, RedisConfig
-from eoguard.guard.consumer import GuardedConsumer
-from eoguard.guard.producer import GuardedProducer
+from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.metrics import (
     CONSUMER_METRICS,
     PRODUCER_METRICS,
@@ -16,6 +15,7 @@ from eoguard.metrics import (
     register_outbox,
     register_producer,
 )
+from eoguard.producer.guarded import GuardedProducer
 from eoguard.store.keys import KeySpace
 
 pytestmark = pytest.mark.integration

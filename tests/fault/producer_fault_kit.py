@@ -16,7 +16,7 @@ from confluent_kafka import Consumer
 
 from eoguard.codec import EnvelopeCodec
 from eoguard.config import ProducerConfig, RedisConfig
-from eoguard.guard.producer import GuardedProducer
+from eoguard.producer.guarded import GuardedProducer
 from eoguard.store.keys import KeySpace
 
 WORKER = Path(__file__).resolve().parent / "workers" / "producer_worker.py"

@@ -23,7 +23,7 @@ from eoguard.demo import observe
 from eoguard.demo.inject import inject
 from eoguard.demo.procs import Worker, spawn
 from eoguard.envelope import now_ms
-from eoguard.guard.producer import GuardedProducer
+from eoguard.producer.guarded import GuardedProducer
 from eoguard.stack import create_topics
 from eoguard.stack.kafka_broker import KafkaBroker
 from eoguard.stack.redis_server import RedisServer

@@ -14,8 +14,9 @@ import time
 import pytest
 import redis
 
+from eoguard.stack.feed import envelope, produce
 from eoguard.store.keys import KeySpace
-from tests.consumer_kit import committed_total, envelope, produce
+from tests.consumer_kit import committed_total
 from tests.fault.consumer_fault_kit import (
     Worker,
     check_dedup_ttls,

@@ -14,11 +14,12 @@ import time
 import pytest
 import redis
 
-from eoguard.guard.batch import ConsumerStats
-from eoguard.guard.consumer import GuardedConsumer
-from eoguard.guard.handler import HandlerContext
+from eoguard.consumer.batch import ConsumerStats
+from eoguard.consumer.guarded import GuardedConsumer
+from eoguard.consumer.handler import HandlerContext
+from eoguard.stack.feed import envelope, produce
 from eoguard.store.keys import KeySpace
-from tests.consumer_kit import committed_total, consumer_config, envelope, produce
+from tests.consumer_kit import committed_total, consumer_config
 from tests.fault.consumer_fault_kit import (
     check_dedup_ttls,
     effect_counts,

@@ -10,7 +10,7 @@ import redis
 
 from eoguard.config import ProducerConfig, RedisConfig
 from eoguard.errors import BackpressureError, PersistError
-from eoguard.guard.producer import GuardedProducer
+from eoguard.producer.guarded import GuardedProducer
 from eoguard.store.keys import KeySpace
 from eoguard.store.outbox import Outbox
 from tests.conftest import free_port

@@ -17,14 +17,15 @@ import redis
 
 from eoguard.codec import PayloadCodec
 from eoguard.config import KeepUntil
+from eoguard.consumer.guarded import GuardedConsumer
+from eoguard.consumer.handler import HandlerContext
 from eoguard.envelope import derived_message_id, now_ms
-from eoguard.guard.consumer import GuardedConsumer
-from eoguard.guard.handler import HandlerContext
+from eoguard.stack.feed import envelope, produce
 from eoguard.store.dedup import Claim, DedupStore, owner_token
 from eoguard.store.keys import KeySpace
 from eoguard.store.liveness import Liveness
 from eoguard.store.outbox import Outbox, OutboxRecord
-from tests.consumer_kit import CODEC, consumer_config, drain, envelope, headers_of, produce, read_all
+from tests.consumer_kit import CODEC, consumer_config, drain, headers_of, read_all
 
 pytestmark = pytest.mark.integration
 

@@ -15,13 +15,14 @@ from typing import Any
 
 import pytest
 
+from eoguard.consumer.guarded import GuardedConsumer
+from eoguard.consumer.handler import HandlerContext
+from eoguard.consumer.lease import LeaseKeeper
 from eoguard.envelope import new_message_id, now_ms
-from eoguard.guard.consumer import GuardedConsumer
-from eoguard.guard.handler import HandlerContext
-from eoguard.guard.lease import LeaseKeeper
+from eoguard.stack.feed import envelope, produce
 from eoguard.store.dedup import DedupState, DedupStore, owner_token
 from eoguard.store.keys import KeySpace
-from tests.consumer_kit import consumer_config, envelope, produce
+from tests.consumer_kit import consumer_config
 
 pytestmark = pytest.mark.integration
 

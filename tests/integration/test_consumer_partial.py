@@ -11,11 +11,12 @@ from __future__ import annotations
 import pytest
 import redis
 
-from eoguard.guard.consumer import GuardedConsumer
-from eoguard.guard.handler import HandlerContext
+from eoguard.consumer.guarded import GuardedConsumer
+from eoguard.consumer.handler import HandlerContext
+from eoguard.stack.feed import envelope, produce
 from eoguard.store.dedup import Claim, ClaimResult, DedupStore, DoneResult, Effect, owner_token
 from eoguard.store.keys import KeySpace
-from tests.consumer_kit import CODEC, consumer_config, drain, envelope, headers_of, produce, read_all
+from tests.consumer_kit import CODEC, consumer_config, drain, headers_of, read_all
 
 pytestmark = pytest.mark.integration
 

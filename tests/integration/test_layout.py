@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from eoguard.cli import cli
 from eoguard.config import ConsumerConfig, RedisConfig
+from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.errors import ConfigError
-from eoguard.guard.consumer import GuardedConsumer
 from eoguard.stack.redis_server import ensure_redis_server
 from eoguard.store.keys import KeySpace
 from eoguard.store.layout import check_layout, recorded_shards

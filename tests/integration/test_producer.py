@@ -24,7 +24,7 @@ from eoguard.errors import (
     ProducerClosedError,
     SchemaNotFoundError,
 )
-from eoguard.guard.producer import GuardedProducer
+from eoguard.producer.guarded import GuardedProducer
 from eoguard.store.keys import KeySpace
 from eoguard.store.outbox import Outbox, RecordState
 from tests.conftest import free_port

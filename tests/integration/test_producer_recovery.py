@@ -11,7 +11,7 @@ import redis
 from eoguard.codec import EnvelopeCodec
 from eoguard.config import KeepUntil, ProducerConfig, RedisConfig
 from eoguard.envelope import Envelope
-from eoguard.guard.producer import GuardedProducer
+from eoguard.producer.guarded import GuardedProducer
 from eoguard.store.keys import KeySpace
 from eoguard.store.outbox import Outbox, OutboxRecord, RecordState
 

@@ -10,9 +10,10 @@ from collections import Counter
 
 import pytest
 
-from eoguard.guard.consumer import GuardedConsumer
-from eoguard.guard.handler import HandlerContext
-from tests.consumer_kit import committed_total, consumer_config, envelope, produce
+from eoguard.consumer.guarded import GuardedConsumer
+from eoguard.consumer.handler import HandlerContext
+from eoguard.stack.feed import envelope, produce
+from tests.consumer_kit import committed_total, consumer_config
 
 pytestmark = pytest.mark.integration
 

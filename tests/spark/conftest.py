@@ -12,13 +12,13 @@ import pytest
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from connectors.spark import JobOptions
+    from eoguard_spark import JobOptions
 
 @pytest.fixture
 def job_options(kafka_bootstrap: str, redis_url: str, key_prefix: str, tmp_path: Path
                 ) -> Callable[..., JobOptions]:
     """``JobOptions`` for one topic list, with this test's Redis prefix and directories."""
-    from connectors.spark import JobOptions  # noqa: PLC0415
+    from eoguard_spark import JobOptions  # noqa: PLC0415
 
     def make(topics: list[str], **overrides: Any) -> JobOptions:
         name = uuid.uuid4().hex[:8]
@@ -38,7 +38,7 @@ def job_options(kafka_bootstrap: str, redis_url: str, key_prefix: str, tmp_path:
 @pytest.fixture
 def run_job(spark: SparkSession) -> Callable[..., list[Any]]:
     """Run the job with ``available_now`` to the end; returns each batch's BatchStats."""
-    from connectors.spark import build_query  # noqa: PLC0415
+    from eoguard_spark import build_query  # noqa: PLC0415
 
     def run(options: JobOptions, **kwargs: Any) -> list[Any]:
         stats: list[Any] = []

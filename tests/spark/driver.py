@@ -27,8 +27,8 @@ from pyspark import TaskContext
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F  # noqa: N812
 
-from connectors.spark import BatchStats, DedupMode, JobOptions, build_query, local_session
 from eoguard.store.dedup import DedupStore
+from eoguard_spark import BatchStats, DedupMode, JobOptions, build_query, local_session
 
 
 def pause_at(where: str, batch_id: int) -> None:

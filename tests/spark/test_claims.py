@@ -9,11 +9,11 @@ import pyarrow as pa
 import pytest
 import redis
 
-from connectors.spark.claims import claim_partition
-from connectors.spark.worker import ClaimSettings, done_partition
 from eoguard.envelope import new_message_id, now_ms
 from eoguard.store.dedup import Claim, DedupState, DedupStore, DoneResult, owner_token
 from eoguard.store.keys import KeySpace
+from eoguard_spark.claims import claim_partition
+from eoguard_spark.worker import ClaimSettings, done_partition
 
 pytestmark = pytest.mark.integration
 

@@ -14,11 +14,11 @@ import pytest
 from fastavro import parse_schema, schemaless_writer
 from pyspark.sql import DataFrame, SparkSession
 
-from connectors.spark.decode import RowStatus, decode
-from connectors.spark.dedup import owner_column
 from eoguard.codec import MAGIC, EnvelopeCodec, PayloadCodec, SchemaRegistry, fingerprint_of
 from eoguard.envelope import Envelope, now_ms
 from eoguard.store.dedup import owner_token
+from eoguard_spark.decode import RowStatus, decode
+from eoguard_spark.dedup import owner_column
 
 pytestmark = pytest.mark.spark
 

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from connectors.spark import JobOptions
 from eoguard.envelope import Envelope
-from tests.consumer_kit import envelope, produce
+from eoguard.stack.feed import envelope, produce
+from eoguard_spark import JobOptions
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.fault]
 
@@ -177,7 +177,7 @@ def test_speculation_is_refused_unless_the_sink_is_idempotent(
     produce(kafka_bootstrap, topic, [envelope(b"s%d" % i) for i in range(3)])
     options = job_options([topic])
     assert options.output_path is not None
-    args = [sys.executable, "-m", "connectors.spark", "--bootstrap", kafka_bootstrap,
+    args = [sys.executable, "-m", "eoguard_spark", "--bootstrap", kafka_bootstrap,
             "--topic", topic, "--scope", "app", "--checkpoint", options.checkpoint,
             "--output", options.output_path, "--redis-url", options.redis_url,
             "--key-prefix", options.key_prefix, "--available-now", "--master", "local[2]"]

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame
 
-from eoguard.guard.consumer import GuardedConsumer
-from eoguard.guard.handler import HandlerContext
-from tests.consumer_kit import consumer_config, drain, envelope, produce
+from eoguard.consumer.guarded import GuardedConsumer
+from eoguard.consumer.handler import HandlerContext
+from eoguard.stack.feed import envelope, produce
+from tests.consumer_kit import consumer_config, drain
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

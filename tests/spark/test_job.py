@@ -14,12 +14,12 @@ import pytest
 import redis
 from pyspark.sql import DataFrame, SparkSession
 
-from connectors.spark import DedupMode, build_query
-from connectors.spark.sink import default_reader, query_id_of
 from eoguard.errors import ConfigError
+from eoguard.stack.feed import envelope, produce
 from eoguard.store.dedup import Claim, DedupState, DedupStore, owner_token
 from eoguard.store.keys import KeySpace
-from tests.consumer_kit import envelope, produce
+from eoguard_spark import DedupMode, build_query
+from eoguard_spark.sink import default_reader, query_id_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

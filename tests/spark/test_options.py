@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from connectors.spark import DedupMode, JobOptions
-from connectors.spark.__main__ import options_from, parser
 from eoguard.errors import ConfigError
+from eoguard_spark import DedupMode, JobOptions
+from eoguard_spark.__main__ import options_from, parser
 
 
 def options(**overrides: Any) -> JobOptions:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eoguard.guard.delay import DelayInputs, DelayPolicy, LatencyWindow
+from eoguard.producer.delay import DelayInputs, DelayPolicy, LatencyWindow
 
 POLICY = DelayPolicy(min_ms=20, max_ms=1000, max_messages=10_000, max_bytes=10_000_000)
 

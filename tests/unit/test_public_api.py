@@ -41,3 +41,16 @@ def test_the_package_never_imports_pyspark() -> None:
 
 def test_the_package_is_typed() -> None:
     assert (PACKAGE / "py.typed").is_file()
+
+
+def test_every_library_error_says_what_the_caller_does_next() -> None:
+    """Below the root, an error of the library is bad input, retry-later or a state conflict."""
+    errors = eoguard.errors
+    groups = (errors.InvalidInputError, errors.UnavailableError, errors.StateError)
+    tools = (errors.StackError, errors.DemoError)  # the local stack and the demo, not the library
+    for cls in vars(errors).values():
+        if not isinstance(cls, type) or not issubclass(cls, errors.EoguardError):
+            continue
+        if cls is errors.EoguardError or cls in tools:
+            continue
+        assert sum(issubclass(cls, group) for group in groups) == 1, cls.__name__

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from eoguard.consumer.rewind import Rewinds
 from eoguard.errors import BrokerError
-from eoguard.guard.rewind import Rewinds
 
 
 class Record:

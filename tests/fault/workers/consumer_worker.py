@@ -16,7 +16,7 @@ import threading
 import time
 
 from eoguard.config import ConsumerConfig, RedisConfig
-from eoguard.guard.consumer import GuardedConsumer
+from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.store.keys import KeySpace
 
 

@@ -15,7 +15,7 @@ import os
 import time
 
 from eoguard.config import ProducerConfig, RedisConfig
-from eoguard.guard.producer import GuardedProducer
+from eoguard.producer.guarded import GuardedProducer
 from eoguard.store.keys import KeySpace
 
 

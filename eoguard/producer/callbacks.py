@@ -13,7 +13,7 @@ import threading
 from collections.abc import Sequence
 
 from eoguard.errors import EoguardError
-from eoguard.guard.messages import PendingMessage
+from eoguard.producer.messages import PendingMessage
 
 __all__ = ["CallbackDispatcher"]
 

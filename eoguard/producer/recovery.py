@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from eoguard.codec import EnvelopeCodec
-from eoguard.config import KeepUntil
 from eoguard.errors import BrokerError, CodecError
-from eoguard.guard.messages import ReportSink
 from eoguard.kafka.producer import KafkaProducer
+from eoguard.modes import KeepUntil
+from eoguard.producer.messages import ReportSink
 from eoguard.store.liveness import Liveness
 from eoguard.store.outbox import ClaimBatch, ClaimedRecord, Outbox
 

@@ -4,7 +4,7 @@
 ttl``), takes room in the bounded in-memory queue and returns a :class:`SendHandle` without
 waiting on the network. ``on_guaranteed`` fires exactly once, when the message is in the
 Redis outbox or acknowledged by Kafka with acks=all, whichever comes first (see
-:class:`eoguard.config.PersistenceMode` for the two modes and their trade-off); from then on
+:class:`eoguard.modes.PersistenceMode` for the two modes and their trade-off); from then on
 no crash of this process loses it. ``on_failed`` fires instead when that cannot happen
 (expired while the outbox was down, refused by Kafka, producer closed first).
 """
@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import Any
 
 from eoguard.codec import EnvelopeCodec, PayloadCodec, SchemaRegistry
-from eoguard.config import PersistenceMode, ProducerConfig
+from eoguard.config import ProducerConfig
 from eoguard.envelope import Envelope
 from eoguard.errors import (
     BackpressureError,
@@ -32,9 +32,11 @@ from eoguard.errors import (
     PersistError,
     ProducerClosedError,
 )
-from eoguard.guard.callbacks import CallbackDispatcher, Settled
-from eoguard.guard.engine import ProducerEngine
-from eoguard.guard.messages import (
+from eoguard.kafka.producer import KafkaProducer
+from eoguard.modes import PersistenceMode
+from eoguard.producer.callbacks import CallbackDispatcher, Settled
+from eoguard.producer.engine import ProducerEngine
+from eoguard.producer.messages import (
     FailedCallback,
     GuaranteedCallback,
     MessageState,
@@ -43,9 +45,8 @@ from eoguard.guard.messages import (
     SendHandle,
     check_send_args,
 )
-from eoguard.guard.outbox_queue import LogQueue
-from eoguard.guard.recovery import Recovery, RecoveryReport
-from eoguard.kafka.producer import KafkaProducer
+from eoguard.producer.outbox_queue import LogQueue
+from eoguard.producer.recovery import Recovery, RecoveryReport
 from eoguard.store.layout import check_layout
 from eoguard.store.liveness import Liveness
 from eoguard.store.outbox import Outbox

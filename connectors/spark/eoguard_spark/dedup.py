@@ -2,7 +2,7 @@
 
 The claim pass is an Arrow UDF over four narrow columns and the done pass a ``mapInArrow``
 over ``(id, owner, expires_at_ms)``: rows stay on the executors, where
-:mod:`connectors.spark.claims` talks to Redis per partition, batched.
+:mod:`eoguard_spark.claims` talks to Redis per partition, batched.
 
 The owner of a claim is the record's source position as this query reads it,
 ``scope|reader|topic|partition|offset`` (:func:`eoguard.store.dedup.owner_token`; the reader
@@ -23,10 +23,10 @@ from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql.pandas.functions import arrow_udf
 from pyspark.sql.types import LongType, StructField, StructType
 
-from connectors.spark.claims import claim_partition
-from connectors.spark.decode import RowStatus
-from connectors.spark.worker import ClaimSettings, done_partition
 from eoguard.store.dedup import DoneResult
+from eoguard_spark.claims import claim_partition
+from eoguard_spark.decode import RowStatus
+from eoguard_spark.worker import ClaimSettings, done_partition
 
 __all__ = ["DONE_COUNTS_SCHEMA", "ClaimSettings", "claim_status", "mark_done_partitions",
            "owner_column", "resolve_busy"]

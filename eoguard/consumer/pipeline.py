@@ -21,10 +21,10 @@ from typing import Any
 
 from confluent_kafka import Message
 
+from eoguard.consumer.batch import Batch, BatchProcessor
+from eoguard.consumer.dead_letter import DeadLetterRouter
+from eoguard.consumer.handler import Inbound
 from eoguard.errors import StoreError
-from eoguard.guard.batch import Batch, BatchProcessor
-from eoguard.guard.dead_letter import DeadLetterRouter
-from eoguard.guard.handler import Inbound
 from eoguard.kafka.consumer import Partition
 from eoguard.store.dedup import DedupStore
 from eoguard.store.scripts import Prepared

@@ -29,7 +29,7 @@ class JobOptions:
     """Everything the job needs. Durations carry their unit; Spark intervals are strings.
 
     ``output_path`` is the idempotent Parquet sink (one ``batch_id=N`` directory per
-    micro-batch); a ``foreach_batch`` hook given to :func:`connectors.spark.job.build_query`
+    micro-batch); a ``foreach_batch`` hook given to :func:`eoguard_spark.job.build_query`
     may replace or complement it. ``lease_s`` must outlast a micro-batch from claim to done
     mark, or a GuardedConsumer of the scope may take a claim over and handle the message too.
 

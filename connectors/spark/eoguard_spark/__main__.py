@@ -1,4 +1,4 @@
-"""``python -m connectors.spark`` / ``spark-submit connectors/spark/__main__.py``: run the job.
+"""``python -m eoguard_spark`` / ``spark-submit connectors/spark/eoguard_spark/__main__.py``: run the job.
 
 Options are documented in connectors/spark/README.md and by ``--help``. Under
 ``spark-submit`` the session comes from spark-submit (pass the jars with ``--jars``: the list
@@ -16,14 +16,14 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from connectors.spark.options import DedupMode, JobOptions
 from eoguard.errors import ConfigError
 from eoguard.store.keys import DEFAULT_PREFIX, DEFAULT_SHARDS
+from eoguard_spark.options import DedupMode, JobOptions
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m connectors.spark",
+        prog="python -m eoguard_spark",
         description="eoguard's Spark Structured Streaming job: Kafka -> decoded envelopes -> "
                     "expiry -> dedup (a consumer scope's Redis keys, or Spark's watermark) -> "
                     "idempotent per-batch Parquet.")
@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # pyspark is imported only now, so --help and option errors need no JVM.
     from pyspark.sql import SparkSession  # noqa: PLC0415
 
-    from connectors.spark.job import BatchStats, build_query, local_session  # noqa: PLC0415
+    from eoguard_spark.job import BatchStats, build_query, local_session  # noqa: PLC0415
 
     if os.environ.get("PYSPARK_GATEWAY_PORT"):  # under spark-submit: its master, its jars
         spark = SparkSession.builder.appName("eoguard-spark").getOrCreate()

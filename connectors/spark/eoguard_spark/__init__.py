@@ -1,12 +1,12 @@
 """eoguard's Spark Structured Streaming job (DESIGN.md §7): Kafka -> envelope decoding ->
 expiry -> dedup against a consumer scope's Redis keys -> idempotent per-batch sinks.
 
-Importing this package needs pyspark and pyarrow (``pip install eoguard[spark]``); the
+Importing this package needs pyspark and pyarrow (``pip install ./connectors/spark``); the
 ``eoguard`` package itself never imports them.
 """
 
-from connectors.spark.job import BatchProcessor, BatchStats, build_query, local_session, run
-from connectors.spark.options import DedupMode, JobOptions
+from eoguard_spark.job import BatchProcessor, BatchStats, build_query, local_session, run
+from eoguard_spark.options import DedupMode, JobOptions
 
 __all__ = ["BatchProcessor", "BatchStats", "DedupMode", "JobOptions", "build_query",
            "local_session", "run"]

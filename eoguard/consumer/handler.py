@@ -26,7 +26,7 @@ from redis.crc import key_slot
 
 from eoguard.codec import EnvelopeCodec, PayloadCodec
 from eoguard.envelope import Envelope, derived_message_id, now_ms
-from eoguard.errors import ConsumerError
+from eoguard.errors import InvalidInputError
 from eoguard.store.dedup import Claim, Effect
 from eoguard.store.keys import KeySpace
 
@@ -49,7 +49,7 @@ class RedisTx:
 
     def _add(self, command: str, key: str, *args: EffectArg) -> None:
         if self._slot is not None and key_slot(key.encode()) != self._slot:
-            raise ConsumerError(f"effect key {key!r} is not in the dedup key's hash slot; "
+            raise InvalidInputError(f"effect key {key!r} is not in the dedup key's hash slot; "
                                 "build it with ctx.key_for(name) on Redis Cluster")
         self.effects.append(Effect(command, key, tuple(args)))
 

@@ -19,12 +19,13 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import NamedTuple
 
-from eoguard.config import KeepUntil, ProducerConfig
+from eoguard.config import ProducerConfig
 from eoguard.errors import EoguardError, PersistError, StoreError
-from eoguard.guard.callbacks import CallbackDispatcher, Settled
-from eoguard.guard.messages import Counters, MessageState, PendingMessage
-from eoguard.guard.outbox_queue import LogQueue
 from eoguard.kafka.producer import KafkaProducer, Producible
+from eoguard.modes import KeepUntil
+from eoguard.producer.callbacks import CallbackDispatcher, Settled
+from eoguard.producer.messages import Counters, MessageState, PendingMessage
+from eoguard.producer.outbox_queue import LogQueue
 from eoguard.store.outbox import Outbox, PutResult
 
 __all__ = ["OutboxWriter", "StartedWrite"]

@@ -1,6 +1,6 @@
 """GuardedConsumer: each scope handles every unexpired message exactly once (DESIGN.md §1, §6).
 
-Per batch (:meth:`GuardedConsumer.poll_once`; the steps' work lives in :mod:`eoguard.guard.batch`):
+Per batch (:meth:`GuardedConsumer.poll_once`; the steps' work lives in :mod:`eoguard.consumer.batch`):
 
   Step 1. Consume up to ``batch_size`` records (without waiting while a batch is in hand).
   Step 2. Decode envelope and payload; a malformed record goes to the dead-letter topic at once.
@@ -21,7 +21,7 @@ Per batch (:meth:`GuardedConsumer.poll_once`; the steps' work lives in :mod:`eog
           and gets handled or re-owned there.
   Step 8. Flush the dead letters, store the offsets, commit.
 
-Redis works while the consumer does (:mod:`eoguard.guard.pipeline`): each poll consumes and
+Redis works while the consumer does (:mod:`eoguard.consumer.pipeline`): each poll consumes and
 decodes a batch, handles the oldest batch claimed, and sends one round trip: that batch's done
 marks (Step 6), then the claims of the batches decoded since (Step 4). It is read two polls
 later (Steps 7-8 for the batch, its claimed batches queued to be handled), so Redis always has
@@ -32,7 +32,7 @@ messages lands its done marks at once and finishes Step 7 before the poll return
 done mark (rare) is retried when it lands, after the next batches were handled. Since the next
 batches' claims went out before this batch's done marks, a copy of a message of the batch being
 handled is BUSY (held by this consumer) and is claimed again, DONE, once those done marks land.
-Every claim is renewed every ``lease_s / 3`` by a :class:`~eoguard.guard.lease.LeaseKeeper`
+Every claim is renewed every ``lease_s / 3`` by a :class:`~eoguard.consumer.lease.LeaseKeeper`
 thread from when it is sent until it is marked done or released, so a slow batch, and the
 batches read ahead behind it, keep their claims; a claim lost anyway (the process stalled past
 its lease) is reported by the done mark (fenced, never doubled).
@@ -40,7 +40,7 @@ its lease) is reported by the done mark (fenced, never doubled).
 Redis (or Kafka, for outputs and dead letters) failing in Steps 4-8: nothing more is committed,
 the partitions are rewound to the first offsets held and re-read after a backoff; what was
 done before the failure is then DONE, what was claimed is MINE. A rewind whose seek failed
-holds back every record read past it until a retried seek takes (:mod:`eoguard.guard.rewind`).
+holds back every record read past it until a retried seek takes (:mod:`eoguard.consumer.rewind`).
 Done marks Redis answered before it failed are counted and committed first. A record may be
 dead-lettered twice. Rebalances run inside Step 1: the flights land first, then the claims held
 on revoked partitions are released, their records forgotten, and what is done is committed; on
@@ -66,13 +66,13 @@ from redis.cluster import RedisCluster
 
 from eoguard.codec import EnvelopeCodec, PayloadCodec, SchemaRegistry
 from eoguard.config import ConsumerConfig
-from eoguard.errors import BrokerError, ConfigError, ConsumerError, DeadLetterError, StoreError
-from eoguard.guard.batch import BatchProcessor, ConsumerStats
-from eoguard.guard.dead_letter import DeadLetterRouter
-from eoguard.guard.handler import BatchHandler, ContextEnv, Handler
-from eoguard.guard.lease import LeaseKeeper
-from eoguard.guard.pipeline import Pipeline
-from eoguard.guard.rewind import Rewinds
+from eoguard.consumer.batch import BatchProcessor, ConsumerStats
+from eoguard.consumer.dead_letter import DeadLetterRouter
+from eoguard.consumer.handler import BatchHandler, ContextEnv, Handler
+from eoguard.consumer.lease import LeaseKeeper
+from eoguard.consumer.pipeline import Pipeline
+from eoguard.consumer.rewind import Rewinds
+from eoguard.errors import BrokerError, ConfigError, ConsumerClosedError, StoreError, UnavailableError
 from eoguard.kafka.consumer import KafkaConsumer, Partition
 from eoguard.kafka.sink import DeliverySink
 from eoguard.store.client import RedisClient
@@ -141,7 +141,7 @@ class GuardedConsumer:
         """Handle one batch; returns the number of records this call consumed (it reads up to
         three batches ahead: their claims are in flight while this one is handled)."""
         if self._closed:
-            raise ConsumerError("poll after close")
+            raise ConsumerClosedError("poll after close")
         raw: list[Message] = []
         consumed = 0
         try:
@@ -162,7 +162,7 @@ class GuardedConsumer:
                 self._when_idle()
                 return consumed
             pipe.handle(batch)  # Steps 5-6; Steps 7-8 when its done marks land
-        except (StoreError, BrokerError, DeadLetterError) as exc:
+        except UnavailableError as exc:
             self._rewind(raw, exc)
         else:
             self._outage_s = 0.0
@@ -183,7 +183,7 @@ class GuardedConsumer:
         try:
             try:
                 self._drop_held(None)
-            except (StoreError, BrokerError, DeadLetterError) as exc:
+            except UnavailableError as exc:
                 log.warning("closing with batches not done (re-read by the group): %s", exc)
             finally:
                 self._abandon()  # whatever failed: flights read, connections back
@@ -270,7 +270,7 @@ class GuardedConsumer:
         self._stats.store_outages += 1
         # Done marks Redis answered before it failed are counted and committed, not re-read;
         # the rest is re-read (REDELIVERED or MINE then).
-        with contextlib.suppress(StoreError, BrokerError, DeadLetterError):
+        with contextlib.suppress(UnavailableError):
             self._pipe.land_all()
         msgs = [m for b in self._pipe.held() for m in b.msgs] + raw + self._orphans
         self._abandon()
@@ -319,7 +319,7 @@ class GuardedConsumer:
         # Served inside consume(), between batches: flights land, what is done is stored.
         try:
             self._drop_held(set(partitions))
-        except (StoreError, BrokerError, DeadLetterError) as exc:
+        except UnavailableError as exc:
             self._forget(set(partitions), exc)
         self._commit_sync("commit on revoke failed (records are re-read, then DONE): %s")
 
@@ -338,5 +338,5 @@ class GuardedConsumer:
         # its claims. Ours just stop being renewed.
         try:
             self._drop_held(set(partitions), release=False)
-        except (StoreError, BrokerError, DeadLetterError) as exc:
+        except UnavailableError as exc:
             self._forget(set(partitions), exc)

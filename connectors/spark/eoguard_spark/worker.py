@@ -1,8 +1,8 @@
 """What the executors' Python workers share: the settings a task gets, round trips kept in
 flight, and the done pass.
 
-Plain Python over Arrow (no pyspark), like :mod:`connectors.spark.claims` (the claim pass);
-:mod:`connectors.spark.dedup` wraps both into Spark passes. Each task opens one Redis client and
+Plain Python over Arrow (no pyspark), like :mod:`eoguard_spark.claims` (the claim pass);
+:mod:`eoguard_spark.dedup` wraps both into Spark passes. Each task opens one Redis client and
 sends its ids ``batch_size`` per round trip through :class:`eoguard.store.dedup.DedupStore`
 (one script call per hash slot), the very keys and rules a GuardedConsumer of the scope uses.
 """
@@ -20,11 +20,11 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import redis
 
-from connectors.spark.options import JobOptions
 from eoguard.store.dedup import Claim, DedupStore, DoneReport, DoneResult
 from eoguard.store.keys import KeySpace
 from eoguard.store.outbox import Outbox
 from eoguard.store.scripts import Prepared
+from eoguard_spark.options import JobOptions
 
 __all__ = ["IN_FLIGHT", "ClaimSettings", "done_partition", "freeze_loaded_objects", "in_flight"]
 

@@ -8,8 +8,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from eoguard.config import PersistenceMode
 from eoguard.errors import EoguardError, InvalidMessageError
+from eoguard.modes import PersistenceMode
 
 __all__ = [
     "Counters",

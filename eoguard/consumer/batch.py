@@ -2,7 +2,7 @@
 
 A :class:`Batch` holds the records of one ``consume`` call: the unit whose offsets are stored
 and committed. :class:`BatchProcessor` takes batches through the steps and builds their Redis
-calls; :mod:`eoguard.guard.consumer` decides which round trip carries them (a batch's done
+calls; :mod:`eoguard.consumer.guarded` decides which round trip carries them (a batch's done
 marks travel with the next batch's claims). Redis or Kafka failing here raises (StoreError,
 BrokerError, DeadLetterError) and the consumer rewinds what it holds.
 """
@@ -17,10 +17,8 @@ from dataclasses import dataclass
 from confluent_kafka import Message
 
 from eoguard.config import ConsumerConfig
-from eoguard.envelope import Envelope, now_ms
-from eoguard.errors import CodecError, ConsumerError
-from eoguard.guard.dead_letter import DeadLetterReason, DeadLetterRouter
-from eoguard.guard.handler import (
+from eoguard.consumer.dead_letter import DeadLetterReason, DeadLetterRouter
+from eoguard.consumer.handler import (
     BatchHandler,
     ContextEnv,
     Handler,
@@ -28,7 +26,9 @@ from eoguard.guard.handler import (
     Inbound,
     OutputRecord,
 )
-from eoguard.guard.lease import LeaseKeeper
+from eoguard.consumer.lease import LeaseKeeper
+from eoguard.envelope import Envelope, now_ms
+from eoguard.errors import CodecError, StateError, StoreError
 from eoguard.kafka.consumer import Partition
 from eoguard.kafka.sink import DeliverySink
 from eoguard.store.dedup import (
@@ -272,13 +272,13 @@ class BatchProcessor:
             if result is _OK:
                 self.stats.handled += 1
             elif result is _EFFECT_ERROR:
-                item.error = ConsumerError(f"Redis effects refused: {report.details[i]}")
+                item.error = StoreError(f"Redis effects refused: {report.details[i]}")
                 refused.append(item)
             elif result is _PARTIAL:  # done already (never re-applied): no retry, report it
                 self._partial(item, report.details[i])
             elif result is _ABSENT:
                 # Nothing was applied, so handling again is the only way not to lose it.
-                item.error = ConsumerError("the claim vanished before done (expired, forgotten "
+                item.error = StateError("the claim vanished before done (expired, forgotten "
                                            "or lost in a failover); claiming again")
                 refused.append(item)
             else:

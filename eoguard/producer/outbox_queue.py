@@ -17,9 +17,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from eoguard.config import KeepUntil
 from eoguard.errors import EoguardError, ProducerClosedError
-from eoguard.guard.messages import MessageState, PendingMessage
+from eoguard.modes import KeepUntil
+from eoguard.producer.messages import MessageState, PendingMessage
 
 __all__ = ["MARK_DELAY_S", "LogQueue"]
 

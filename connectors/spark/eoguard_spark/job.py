@@ -1,7 +1,7 @@
 """The Structured Streaming job: Kafka -> decode -> expiry -> dedup -> idempotent sinks.
 
 :func:`build_query` starts it on a session the caller owns; :func:`run` builds a local
-session and blocks; ``python -m connectors.spark`` is the command. Every micro-batch goes
+session and blocks; ``python -m eoguard_spark`` is the command. Every micro-batch goes
 through :class:`BatchProcessor` (``foreachBatch``); its docstring lists the steps.
 """
 
@@ -18,14 +18,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql.streaming.query import StreamingQuery
 
-from connectors.spark.batch import BatchProcessor, BatchStats, ForeachBatch
-from connectors.spark.decode import RowStatus, decode
-from connectors.spark.options import DedupMode, JobOptions
-from connectors.spark.sink import reader_mismatch, recorded_reader
 from eoguard.codec import SchemaRegistry
 from eoguard.errors import ConfigError
 from eoguard.stack import spark_jars
 from eoguard.store.layout import check_layout
+from eoguard_spark.batch import BatchProcessor, BatchStats, ForeachBatch
+from eoguard_spark.decode import RowStatus, decode
+from eoguard_spark.options import DedupMode, JobOptions
+from eoguard_spark.sink import reader_mismatch, recorded_reader
 
 __all__ = ["BatchProcessor", "BatchStats", "build_query", "local_session", "run"]  # re-exported
 

@@ -1,6 +1,6 @@
 """The claim pass on the executors: one Spark partition's rows claimed against Redis.
 
-Plain Python over Arrow arrays (no pyspark): :mod:`connectors.spark.dedup` wraps
+Plain Python over Arrow arrays (no pyspark): :mod:`eoguard_spark.dedup` wraps
 :func:`claim_partition` in an Arrow UDF. Which copy of an id wins is decided by Redis, so a
 replay re-owns the copy its earlier attempt claimed however Spark partitions it.
 """
@@ -14,9 +14,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pyarrow as pa
 import redis
 
-from connectors.spark.decode import RowStatus
-from connectors.spark.worker import IN_FLIGHT, ClaimSettings, freeze_loaded_objects, in_flight
 from eoguard.store.dedup import Claim, ClaimResult, DedupState, read_entries
+from eoguard_spark.decode import RowStatus
+from eoguard_spark.worker import IN_FLIGHT, ClaimSettings, freeze_loaded_objects, in_flight
 
 __all__ = ["ClaimInput", "claim_partition"]
 
@@ -77,7 +77,7 @@ class _Partition:
                 now is a duplicate: the holder's copy is the one handled. One GET per such
                 claim, pipelined; no wait.
         Step 4. Other BUSY claims are claimed again until ``busy_wait_ms`` (none in the
-                first pass, see :func:`connectors.spark.dedup.resolve_busy`), else stay busy.
+                first pass, see :func:`eoguard_spark.dedup.resolve_busy`), else stay busy.
         """
         won, store = self.won, self.store
         claims: list[Claim] = []

@@ -16,8 +16,8 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
-from connectors.spark.decode import DEAD_LETTER_COLUMNS, OUTPUT_COLUMNS, RowStatus
-from connectors.spark.dedup import (
+from eoguard_spark.decode import DEAD_LETTER_COLUMNS, OUTPUT_COLUMNS, RowStatus
+from eoguard_spark.dedup import (
     DONE_COUNTS_SCHEMA,
     ClaimSettings,
     claim_status,
@@ -25,8 +25,8 @@ from connectors.spark.dedup import (
     owner_column,
     resolve_busy,
 )
-from connectors.spark.options import DedupMode, JobOptions
-from connectors.spark.sink import BatchLedger, ParquetBatchSink, query_id_of, resolve_reader
+from eoguard_spark.options import DedupMode, JobOptions
+from eoguard_spark.sink import BatchLedger, ParquetBatchSink, query_id_of, resolve_reader
 
 __all__ = ["BatchProcessor", "BatchStats", "ForeachBatch"]
 

@@ -19,16 +19,17 @@ import threading
 import time
 from typing import Any
 
-from eoguard.config import KeepUntil, PersistenceMode, ProducerConfig
+from eoguard.config import ProducerConfig
 from eoguard.errors import StoreError
-from eoguard.guard.callbacks import CallbackDispatcher
-from eoguard.guard.delay import DelayInputs, DelayPolicy
-from eoguard.guard.deliveries import Deliveries
-from eoguard.guard.messages import Counters, PendingMessage
-from eoguard.guard.outbox_queue import LogQueue
-from eoguard.guard.recovery import Recovery
-from eoguard.guard.writer import OutboxWriter, StartedWrite
 from eoguard.kafka.producer import KafkaProducer
+from eoguard.modes import KeepUntil, PersistenceMode
+from eoguard.producer.callbacks import CallbackDispatcher
+from eoguard.producer.delay import DelayInputs, DelayPolicy
+from eoguard.producer.deliveries import Deliveries
+from eoguard.producer.messages import Counters, PendingMessage
+from eoguard.producer.outbox_queue import LogQueue
+from eoguard.producer.recovery import Recovery
+from eoguard.producer.writer import OutboxWriter, StartedWrite
 from eoguard.store.liveness import Liveness
 from eoguard.store.outbox import Outbox
 

@@ -12,12 +12,12 @@ import logging
 from typing import Any
 
 from eoguard.errors import EoguardError
-from eoguard.guard.callbacks import CallbackDispatcher, Settled
-from eoguard.guard.delay import LatencyWindow
-from eoguard.guard.messages import Counters, MessageState, PendingMessage
-from eoguard.guard.outbox_queue import LogQueue
-from eoguard.guard.recovery import ResendToken
 from eoguard.kafka.producer import delivery_error, is_unavailable
+from eoguard.producer.callbacks import CallbackDispatcher, Settled
+from eoguard.producer.delay import LatencyWindow
+from eoguard.producer.messages import Counters, MessageState, PendingMessage
+from eoguard.producer.outbox_queue import LogQueue
+from eoguard.producer.recovery import ResendToken
 
 __all__ = ["Deliveries"]
 

@@ -1,0 +1,33 @@
+"""The producer's persistence modes and the outbox record's lifetime.
+
+A bottom-layer module (it imports nothing of eoguard): the store, the producer and the
+configuration all name these enums, and none of them should import another to do so.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["KeepUntil", "PersistenceMode"]
+
+
+class PersistenceMode(str, enum.Enum):
+    """When the producer writes a message to the Redis outbox.
+
+    ``PERSIST_FIRST``: every message is written to Redis (batched, one round trip) before it
+    is produced; ``on_guaranteed`` fires after the write. Costs one Redis write per message.
+    ``DELAYED``: produce at once, keep the message in memory, and write it to Redis only if
+    Kafka has not acknowledged it within the adaptive delay; ``on_guaranteed`` fires on the
+    first of the two. Saves most Redis writes; a crash inside the delay loses only messages
+    not yet guaranteed, which the application still holds.
+    """
+
+    PERSIST_FIRST = "persist-first"
+    DELAYED = "delayed"
+
+
+class KeepUntil(str, enum.Enum):
+    """When an outbox record is deleted (its TTL deletes it at expiry in every case)."""
+
+    CONSUMED = "consumed"  # the consumer scope's end-to-end ack deletes it
+    PUBLISHED = "published"  # Kafka's acknowledgement deletes it
