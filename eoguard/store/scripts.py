@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -39,10 +40,22 @@ class LuaScript(NamedTuple):
     sha: str
 
 
+_INCLUDE = re.compile(r"^--!include (\w+)$", re.MULTILINE)
+
+
+def _lua_file(path: str) -> str:
+    return resources.files("eoguard.store").joinpath(f"lua/{path}.lua").read_text("utf-8")
+
+
 @functools.cache
 def lua_script(name: str) -> LuaScript:
-    """The script ``eoguard/store/lua/<name>.lua``, read once per process."""
-    source = resources.files("eoguard.store").joinpath(f"lua/{name}.lua").read_text("utf-8")
+    """The script ``eoguard/store/lua/<name>.lua``, read once per process.
+
+    A line ``--!include <part>`` is replaced by ``lua/lib/<part>.lua``: the parts several
+    scripts share (the server clock, the dedup value formats, the effect checker) are written
+    once, and each script is still one self-contained call (one SHA, one EVALSHA).
+    """
+    source = _INCLUDE.sub(lambda m: _lua_file(f"lib/{m.group(1)}").rstrip("\n"), _lua_file(name))
     sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
     return LuaScript(name, source, sha)
 
