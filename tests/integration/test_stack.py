@@ -29,8 +29,8 @@ def _pom_property(kind: str, name: str) -> str:
 
 
 def test_spark_connector_version_matches_the_pyspark_pin() -> None:
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    pin = next(d for d in pyproject["project"]["optional-dependencies"]["spark"] if d.startswith("pyspark"))
+    pyproject = tomllib.loads((ROOT / "connectors" / "spark" / "pyproject.toml").read_text())
+    pin = next(d for d in pyproject["project"]["dependencies"] if d.startswith("pyspark"))
     assert pin == f"pyspark=={_pom_property('spark', 'spark.version')}"
     assert importlib.metadata.version("pyspark") == _pom_property("spark", "spark.version")
 
