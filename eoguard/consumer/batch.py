@@ -14,7 +14,9 @@ import enum
 import logging
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import Message
 
@@ -45,6 +47,9 @@ from eoguard.store.outbox import Outbox
 from eoguard.store.scripts import Prepared
 
 log = logging.getLogger(__name__)
+
+Send = Callable[[list[Prepared[Any]]], Callable[[], list[Any]]]
+"""Sends prepared calls in one round trip; the function returned reads their parsed replies."""
 
 _NEW, _MINE, _BUSY = ClaimResult.NEW, ClaimResult.MINE, ClaimResult.BUSY
 _DUPLICATE, _DONE_HERE, _PARTIAL_HERE = (ClaimResult.DUPLICATE, ClaimResult.DONE_HERE,
@@ -148,9 +153,10 @@ class BatchProcessor:
 
     def __init__(self, config: ConsumerConfig, *, dedup: DedupStore, outbox: Outbox | None,
                  sink: DeliverySink, dead: DeadLetterRouter, env: ContextEnv,
-                 leases: BatchLeases, handler: Handler | None,
+                 leases: BatchLeases, send: Send, handler: Handler | None,
                  batch_handler: BatchHandler | None) -> None:
         self.config = config
+        self.send = send  # every round trip to Redis goes through it (the pipeline's too)
         self.leases = leases  # renews a batch's records from its claims to its done marks
         self._dedup, self._outbox, self._sink, self._dead = dedup, outbox, sink, dead
         self._env, self._codec, self._payloads = env, env.codec, env.payloads
@@ -375,10 +381,10 @@ class BatchProcessor:
             if wait_s > 0:
                 time.sleep(wait_s)
             batch.items = retry
-            [claimed] = self._dedup.run([self.claim_call(batch)], "claiming a batch")
+            [claimed] = self.send([self.claim_call(batch)])()
             self.sort(batch, claimed)
             ok, failed = self.handle(batch.items)
-            [report] = self._dedup.run([self.done_call(batch, ok)], "marking a batch done")
+            [report] = self.send([self.done_call(batch, ok)])()
             failed += self.settle_done(batch, ok, report)
             retry, wait_s = self.plan(failed, batch, handled_any=bool(ok))
 

@@ -107,11 +107,10 @@ class GuardedConsumer:
                                    max_hold_s=config.max_poll_interval_s)
         self._batch = BatchProcessor(config, dedup=self._dedup, outbox=self._outbox,
                                      sink=self._sink, dead=self._dead, env=env,
-                                     leases=self._leases, handler=handler,
+                                     leases=self._leases, send=self._send, handler=handler,
                                      batch_handler=batch_handler)
         self._stats = self._batch.stats
-        self._pipe = Pipeline(self._batch, self._dedup, self._dead, send=self._send,
-                              commit=self._commit)
+        self._pipe = Pipeline(self._batch, self._dead, commit=self._commit)
         self._callback_error: Exception | None = None  # raised by the next _consume
         self._orphans: list[Message] = []  # consumed when that error was raised
         self._outage_s = 0.0
@@ -269,7 +268,7 @@ class GuardedConsumer:
         """Redis or Kafka failed: commit nothing more, re-read what is held after a backoff."""
         self._stats.store_outages += 1
         # Done marks Redis answered before it failed are counted and committed, not re-read;
-        # the rest is re-read (REDELIVERED or MINE then).
+        # the rest is re-read (DONE_HERE or MINE then).
         with contextlib.suppress(UnavailableError):
             self._pipe.land_all()
         msgs = [m for b in self._pipe.held() for m in b.msgs] + raw + self._orphans
@@ -286,7 +285,7 @@ class GuardedConsumer:
 
     def _abandon(self) -> None:
         """Forget every batch held, flights read and dropped: what was claimed is MINE and
-        what was done is REDELIVERED when it is read again."""
+        what was done is DONE_HERE when it is read again."""
         self._pipe.abandon()
         self._orphans = []
         self._leases.drop_all()

@@ -38,22 +38,18 @@ from typing import Any, NamedTuple
 
 from confluent_kafka import Message
 
-from eoguard.consumer.batch import Batch, BatchProcessor, BatchStage
+from eoguard.consumer.batch import Batch, BatchProcessor, BatchStage, Send
 from eoguard.consumer.dead_letter import DeadLetterRouter
 from eoguard.consumer.handler import Inbound
 from eoguard.errors import StoreError
 from eoguard.kafka.consumer import Partition
-from eoguard.store.dedup import ClaimReport, DedupStore, DoneReport
+from eoguard.store.dedup import ClaimReport, DoneReport
 from eoguard.store.scripts import Prepared
 
 __all__ = ["FLIGHTS_OUT", "Landed", "Pipeline", "RoundTrip", "Send"]
 
 FLIGHTS_OUT = 2
 """Round trips sent and not read yet, in the steady state."""
-
-Send = Callable[[list[Prepared[Any]]], Callable[[], list[Any]]]
-"""Sends prepared calls in one round trip; the function returned reads their parsed replies."""
-
 
 class Landed(NamedTuple):
     """A round trip's replies, by part: each claimed batch with its claim report, and the
@@ -111,10 +107,10 @@ class Pipeline:
     ``FLIGHTS_OUT`` whose done marks are in flight (the module docstring has the timeline).
     """
 
-    def __init__(self, batches: BatchProcessor, dedup: DedupStore, dead: DeadLetterRouter, *,
-                 send: Send, commit: Callable[[dict[Partition, int]], None]) -> None:
-        self._batches, self._dedup, self._dead = batches, dedup, dead
-        self._send, self._commit = send, commit
+    def __init__(self, batches: BatchProcessor, dead: DeadLetterRouter, *,
+                 commit: Callable[[dict[Partition, int]], None]) -> None:
+        self._batches, self._dead = batches, dead
+        self._send, self._commit = batches.send, commit
         self._decoded: list[Batch] = []  # claims not sent yet
         self._flights: deque[RoundTrip] = deque()  # in send order
         self._claimed: deque[Batch] = deque()  # claims read: handled next, in order

@@ -16,10 +16,11 @@ import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
+import redis
 from redis.cluster import RedisCluster
 
-from eoguard.errors import ClaimNotOwnedError, StoreError
-from eoguard.store.client import RedisClient
+from eoguard.errors import ClaimNotOwnedError, InvalidInputError, StoreError
+from eoguard.store.client import RedisClient, wrap_redis_error
 from eoguard.store.dedup_types import (
     BatchRecord,
     BatchState,
@@ -133,6 +134,7 @@ class DedupStore:
 
     def prepare_claim(self, token: str, claims: Sequence[Claim]) -> Prepared[ClaimReport]:
         """The calls of :meth:`claim`, to send with others in one round trip (:meth:`send`)."""
+        _check_token(token)
         groups = self._group(claims)
         calls = []
         grace, prefixes = self.grace_ms, self._record_prefixes
@@ -192,6 +194,7 @@ class DedupStore:
         discarded after error checking. On Redis Cluster every effect key must share its
         message's claim key hash tag (:meth:`effect_key`).
         """
+        _check_token(token)
         groups = self._group(claims)
         calls: list[ScriptCall] = []
         prefixes = self._record_prefixes
@@ -243,6 +246,41 @@ class DedupStore:
 
         return Prepared(calls, parse)
 
+    def finish(self, token: str, shards: Sequence[int] | None = None) -> None:
+        """Mark the batch records of the pass ``token`` on ``shards`` done (see
+        :meth:`prepare_finish`)."""
+        self._run(self.prepare_finish(token, shards), "marking a batch done")
+
+    def prepare_finish(self, token: str, shards: Sequence[int] | None = None
+                       ) -> Prepared[None]:
+        """Mark done every batch record of the pass ``token`` on ``shards`` (default: every
+        shard), without naming its claims: every claim still naming the token is done.
+
+        For a pass whose claims are spread over many processes (a Spark micro-batch's tasks),
+        sent once everything it claimed is handled; a claim it made but did not handle must be
+        released first (:meth:`release`). ``dedup_done`` with groups of no claims: a record
+        that is absent (nothing claimed on that shard) stays absent, a done one stays done.
+        """
+        _check_token(token)
+        wanted = range(self.keys.shards) if shards is None else sorted(set(shards))
+        groups: Groups = {shard: ([], []) for shard in wanted}
+        prefixes = self._record_prefixes
+        calls = [ScriptCall("dedup_done", [prefixes[shard] + token for shard in call_shards],
+                            [token, len(call_shards), 0, *(0 for _ in call_shards), 1])
+                 for call_shards in self._calls(groups)]
+        return Prepared(calls, lambda _replies: None)
+
+    def batch_records(self, token: str, shards: Sequence[int] | None = None
+                      ) -> list[BatchRecord | None]:
+        """The batch records of the pass ``token`` on ``shards`` (default: every shard), in
+        shard order, None where there is none: one round trip."""
+        _check_token(token)
+        wanted = range(self.keys.shards) if shards is None else sorted(set(shards))
+        names = [self._record_prefixes[shard] + token for shard in wanted]
+        self.round_trips += 1
+        records = _read_records(self._scripts, self.client, names)
+        return [records[name] for name in names]
+
     # Release, renew, give back ---------------------------------------------
     def release(self, token: str, claims: Sequence[Claim], *, strict: bool = False
                 ) -> list[ReleaseResult]:
@@ -260,6 +298,7 @@ class DedupStore:
     def prepare_release(self, token: str, claims: Sequence[Claim]
                         ) -> Prepared[list[ReleaseResult]]:
         """The calls of :meth:`release`, to send with others in one round trip."""
+        _check_token(token)
         groups = self._group(claims)
         prefixes = self._record_prefixes
         calls = []
@@ -381,6 +420,12 @@ class DedupStore:
         return prepared.parse(self._scripts.run(prepared.calls, doing=doing))
 
 
+def _check_token(token: str) -> None:
+    """A token is a claim key's field: it must not hold the separator (or be empty)."""
+    if not token or "|" in token or ":" in token:
+        raise InvalidInputError(f"token {token!r} must be non-empty, without '|' or ':'")
+
+
 def scan_entries(client: RedisClient, keys: KeySpace, *, scope: str | None = None,
                  count: int = 1000) -> Iterator[list[DedupEntry]]:
     """Every claim key of ``scope`` (or of all scopes), one list per SCAN call (may be empty).
@@ -462,12 +507,14 @@ def _read_records(scripts: Scripts, client: RedisClient, names: Sequence[str]
 
 
 def _scan(client: RedisClient, pattern: str, count: int, doing: str) -> Iterator[list[Any]]:
-    scripts = Scripts(client)
-    cursor: Any = 0
-    while True:
-        pipe: Any = client.pipeline(transaction=False)
-        pipe.scan(cursor, match=pattern, count=count)
-        cursor, names = scripts.execute(pipe, doing=doing)[0]
-        yield list(names)
-        if int(cursor) == 0:
-            return
+    """The names matching ``pattern``, ``count`` at a time (SCAN, every node of a cluster)."""
+    names: list[Any] = []
+    try:
+        for name in client.scan_iter(match=pattern, count=count):
+            names.append(name)
+            if len(names) >= count:
+                yield names
+                names = []
+    except redis.RedisError as exc:
+        raise wrap_redis_error(exc, doing) from exc
+    yield names

@@ -94,7 +94,7 @@ def test_redis_killed_mid_stream_nothing_lost_nothing_doubled(
     assert down.store_outages >= 1
     assert seen == {e.id for e in envs}  # no loss
     assert counts == {e.id: 1 for e in envs}  # no duplicate effect
-    # A done mark Redis applied but whose reply the kill lost is found again as REDELIVERED.
+    # A done mark Redis applied but whose reply the kill lost is found again as DONE_HERE (its batch is done).
     assert done_count(final) == MESSAGES
     assert final.duplicates == 0  # no message was sent twice: nothing is a duplicate
     check_dedup_ttls(client, keys, scope, envs[:: MESSAGES // 100], 300_000)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
@@ -17,7 +16,6 @@ import redis
 
 from eoguard.codec import PayloadCodec
 from eoguard.config import KeepUntil
-from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext
 from eoguard.envelope import derived_message_id, now_ms
 from eoguard.stack.feed import envelope, produce
@@ -25,36 +23,9 @@ from eoguard.store.dedup import Claim, DedupStore, position
 from eoguard.store.keys import KeySpace
 from eoguard.store.liveness import Liveness
 from eoguard.store.outbox import Outbox, OutboxRecord
-from tests.consumer_kit import CODEC, consumer_config, drain, headers_of, read_all
+from tests.consumer_kit import CODEC, drain, headers_of, read_all, recorder
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def made() -> Iterator[list[GuardedConsumer]]:
-    consumers: list[GuardedConsumer] = []
-    yield consumers
-    for consumer in consumers:
-        consumer.close()
-
-
-@pytest.fixture
-def make(made, kafka_bootstrap: str, redis_url: str, key_prefix: str, new_topic
-         ) -> Callable[..., GuardedConsumer]:
-    def build(topics: list[str], handler: Callable[[HandlerContext], None] | None = None,
-              **kw: Any) -> GuardedConsumer:
-        batch_handler = kw.pop("batch_handler", None)
-        kw.setdefault("dead_letter_topic", new_topic(1, prefix="dlq"))
-        config = consumer_config(kafka_bootstrap, redis_url, topics, prefix=key_prefix, **kw)
-        consumer = GuardedConsumer(config, handler=handler, batch_handler=batch_handler)
-        made.append(consumer)
-        return consumer
-    return build
-
-
-def recorder() -> tuple[list[str], Callable[[HandlerContext], None]]:
-    seen: list[str] = []
-    return seen, lambda ctx: seen.append(ctx.message_id)
 
 
 def test_same_message_twice_is_handled_once(make, new_topic, kafka_bootstrap) -> None:

@@ -9,7 +9,8 @@
 -- KEYS[g+1..g+n] = the claim keys of every message the batch claimed, group after group
 -- KEYS[g+n+1..]  = effect keys the messages' commands write (on Redis Cluster: the same hash
 --                slot, which is why handlers build them with the claim key's hash tag); never
---                a claim key of this call
+--                a dedup key (a claim key or batch record under KEYS[1]'s prefix, of any scope
+--                or message): a command on one is refused (EFFECT_ERROR)
 -- ARGV[1]      = token
 -- ARGV[2]      = g
 -- ARGV[3]      = n
@@ -50,7 +51,7 @@ local simple = ARGV[4 + groups] == '1'
 local done = 'd|' .. string.format('%d', now)
 local p = 5 + groups
 local codes, details = {}, {}
-local claim_keys, apply = nil, nil -- built for the first message with effects
+local is_dedup_key, apply = nil, nil -- built for the first message with effects
 local i = 0
 
 for j = 1, groups do
@@ -93,11 +94,16 @@ for j = 1, groups do
         code = 6
       elseif commands then
         if not apply then
-          apply, claim_keys = effects_apply(), {}
-          for k = groups + 1, groups + n do claim_keys[KEYS[k]] = true end
+          -- Every dedup key shares KEYS[1]'s prefix (which holds no ':') and its dc or db tag.
+          local base = string.match(KEYS[1], '^[^:]*:')
+          apply = effects_apply()
+          is_dedup_key = function(name)
+            local tag = string.sub(name, #base + 1, #base + 3)
+            return string.sub(name, 1, #base) == base and (tag == 'dc:' or tag == 'db:')
+          end
         end
         local reason
-        code, reason = apply(commands, claim_keys, now)
+        code, reason = apply(commands, is_dedup_key, now)
         if code == 3 then
           redis.call('DEL', key)
         elseif code == 5 then

@@ -2,7 +2,8 @@
 --
 -- effects_apply() builds (on first use: the common no-effect path pays for none of these
 -- closures and tables, which a script rebuilds at every call) and returns
--- apply(commands, dedup_keys, now), where commands is a list of {NAME, key, args}.
+-- apply(commands, is_dedup_key, now), where commands is a list of {NAME, key, args} and
+-- is_dedup_key(key) tells a key eoguard's dedup state lives in (never an effect key).
 --
 -- NAME is one of SET INCRBY DECRBY HSET HINCRBY HDEL SADD SREM RPUSH LPUSH ZADD DEL EXPIRE
 -- PEXPIRE PEXPIREAT (single-key commands; the Python side builds them). Refused: SET ... GET,
@@ -248,7 +249,7 @@ local function effects_apply()
   end
 
   -- Why one of a message's commands would fail, or nil: each simulated after the ones before it.
-  local function check(commands, dedup_keys, now)
+  local function check(commands, is_dedup_key, now)
     local sim = {}
     for c = 1, #commands do
       local cmd = commands[c]
@@ -257,7 +258,7 @@ local function effects_apply()
         e = {fields = {}, base = true, shrunk = false}
         sim[cmd[2]] = e
       end
-      local reason = dedup_keys[cmd[2]] and 'a dedup key is not an effect key'
+      local reason = is_dedup_key(cmd[2]) and 'a dedup key is not an effect key'
         or simulate(e, cmd[1], cmd[2], cmd[3], now)
       if reason then
         return cmd[1] .. ' ' .. cmd[2] .. ' (command ' .. c .. ' of ' .. #commands .. '): '
@@ -270,10 +271,10 @@ local function effects_apply()
   -- Check then apply one message's commands: 0 all applied, 3 refused (nothing applied) or
   -- 5 partial (the commands before the failed one stay applied), and unless 0, why. The
   -- caller writes the claim key.
-  local function apply(commands, dedup_keys, now)
+  local function apply(commands, is_dedup_key, now)
     local count = #commands
     -- A read the check makes can fail too (an ACL): that is a refusal, not a script error.
-    local ok, reason = pcall(check, commands, dedup_keys, now)
+    local ok, reason = pcall(check, commands, is_dedup_key, now)
     if not ok then
       reason = 'checking the commands failed: ' .. tostring(type(reason) == 'table' and reason.err
                                                             or reason)
