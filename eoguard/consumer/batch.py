@@ -224,6 +224,11 @@ class BatchProcessor:
         for i, (item, result) in enumerate(zip(batch.items, results, strict=True)):
             if result is _NEW or result is _MINE:
                 mine.append(item)
+            elif result is _BUSY and self.leases.holds(report.holders.get(i, "")):
+                # A copy of a message a pass of ours holds (read ahead, or earlier in this
+                # batch): that pass handles it, or lets it go to be read again. Waiting here
+                # would wait on ourselves: the pass is handled after this batch.
+                self.stats.duplicates += 1
             elif result is _BUSY:
                 batch.busy.append(item)
                 batch.lease_left_ms.append(report.lease_ms[i])
@@ -248,6 +253,15 @@ class BatchProcessor:
         off it at once, so nothing per message but the :class:`Inbound` outlives the call
         (fewer objects for the cyclic GC to walk: a few microseconds per message).
         """
+        now = now_ms()  # Step 5 re-checks expiry: a claim made in time may be handled late
+        if any(item.envelope.expires_at_ms <= now for item in items):
+            live = []
+            for item in items:
+                if item.envelope.expires_at_ms <= now:
+                    self._expired(item.msg, item.envelope)  # its claim is let go by the done
+                else:
+                    live.append(item)
+            items = live
         if not items:
             return [], []
         outputs: list[OutputRecord] = []

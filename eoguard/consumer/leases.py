@@ -48,6 +48,10 @@ class BatchLeases:
         with self._lock:
             self._held[token] = (list(records), time.monotonic())
 
+    def holds(self, token: str) -> bool:
+        """Whether the claim pass ``token`` is this consumer's and not done yet."""
+        return token in self._held  # a dict lookup: atomic, no lock needed
+
     def drop(self, *tokens: str) -> None:
         """Stop renewing these batches; returns once no renewal of them can still be sent."""
         with self._lock:

@@ -156,18 +156,20 @@ class DedupStore:
         def parse(replies: list[Any]) -> ClaimReport:
             results: list[Any] = [None] * len(claims)
             lease_ms: dict[int, int] = {}
+            holders: dict[int, str] = {}
             at = 0
-            for codes, busy_ms in replies:
+            for codes, busy in replies:
                 members = order[at:at + len(codes)]
                 at += len(codes)
                 for i, code in zip(members, codes, strict=True):
                     results[i] = _CLAIM[code - 48]  # ASCII digits
-                if busy_ms:
-                    busy = iter(busy_ms)
+                if busy:  # (lease left, holder) per BUSY claim, in order
+                    pairs = iter(busy)
                     for i, code in zip(members, codes, strict=True):
                         if code == _BUSY_CODE:
-                            lease_ms[i] = int(next(busy))
-            return ClaimReport(results, lease_ms)
+                            lease_ms[i] = int(next(pairs))
+                            holders[i] = next(pairs).decode()
+            return ClaimReport(results, lease_ms, holders)
 
         return Prepared(calls, parse)
 
@@ -210,6 +212,7 @@ class DedupStore:
                 simple = not any(effects.get(claims[i][0]) for i in members)
             if simple:  # the common case: every message handled, none with effects
                 argv.append(1)
+                argv += [claims[i][1] for i in members]  # positions
                 calls.append(ScriptCall("dedup_done", keys, argv))
                 continue
             argv.append(0)
@@ -217,7 +220,7 @@ class DedupStore:
             for i in members:
                 ok = handled is None or handled[i]
                 own = (effects or {}).get(claims[i][0], ()) if ok else ()
-                argv += (1 if ok else 0, len(own))
+                argv += (claims[i][1], 1 if ok else 0, len(own))
                 for eff in own:
                     if eff.key not in index:
                         keys.append(eff.key)

@@ -165,6 +165,7 @@ class ClaimReport(NamedTuple):
 
     results: list[ClaimResult]
     lease_ms: dict[int, int]  # per BUSY claim (by index): the holder's lease left
+    holders: dict[int, str] = {}  # per BUSY claim (by index): the token of the holding batch
 
     def outcomes(self, claims: Sequence[Claim]) -> list[ClaimOutcome]:
         return [ClaimOutcome(claim, result, self.lease_ms.get(i, 0))

@@ -374,25 +374,51 @@ def test_done_without_effects_touches_no_claim_key(store: DedupStore,
         assert value(redis_client, key).startswith("d|")  # type: ignore[union-attr]
 
 
-def test_done_leaves_a_reowned_key_alone(store: DedupStore, redis_client: redis.Redis,
-                                         key_prefix: str) -> None:
+def test_the_first_done_of_a_record_read_twice_wins(store: DedupStore, redis_client: redis.Redis,
+                                                    key_prefix: str) -> None:
+    # The same reader claims the same record in two passes (a rebalance, a rewind): the
+    # second is MINE and the key names it. The first pass's done, landing first, takes the key
+    # back and applies its effects; the second pass's done then finds the record done.
     first, second = store.new_token(), store.new_token()
     claim = claim_of(store, new_message_id(), 1)
     store.claim(first, [claim])
     assert claim_results(store, second, [claim]) == [MINE]
     counter = f"{key_prefix}:fx:counter"
     effects = {claim.message_id: [Effect("INCRBY", counter, (1,))]}
-    assert done_results(store, first, [claim], effects=effects) == [DoneResult.NOT_OWNED]
-    assert done_results(store, first, [claim], handled=[False]) == [DoneResult.NOT_OWNED]
-    assert redis_client.get(counter) is None
-    assert value(redis_client, claim.key) == f"c|{second}|{claim.position}"
-    assert record_of(redis_client, store, first, claim)[0].startswith("d|")  # type: ignore[union-attr]
-    # The first batch's done mark is not the key's: the key's batch is still open.
+    assert done_results(store, first, [claim], effects=effects) == [DoneResult.OK]
+    assert redis_client.get(counter) == b"1"
+    assert value(redis_client, claim.key) == f"c|{first}|{claim.position}"
     entry = store.check(claim.message_id)
     assert entry is not None
-    assert entry.id_state(now_ms()) is IdState.IN_PROGRESS
-    assert done_results(store, second, [claim], effects=effects) == [DoneResult.OK]
+    assert entry.id_state(now_ms()) is IdState.DONE
+    assert done_results(store, second, [claim], effects=effects) == [DoneResult.ALREADY_DONE]
     assert redis_client.get(counter) == b"1"
+
+
+def test_a_pass_that_let_go_never_takes_back_a_reowned_key(store: DedupStore,
+                                                         redis_client: redis.Redis) -> None:
+    first, second = store.new_token(), store.new_token()
+    claim = claim_of(store, new_message_id(), 1)
+    store.claim(first, [claim])
+    assert claim_results(store, second, [claim]) == [MINE]
+    assert done_results(store, first, [claim], handled=[False]) == [DoneResult.NOT_OWNED]
+    assert value(redis_client, claim.key) == f"c|{second}|{claim.position}"
+    assert done_results(store, second, [claim]) == [DoneResult.OK]
+
+
+def test_an_abandoned_re_claim_never_loses_the_record(store: DedupStore,
+                                                      redis_client: redis.Redis) -> None:
+    # The pass handling the record is re-claimed from under by a pass of the same reader that
+    # is then abandoned (its partition lost, its connection timed out) and given back: the
+    # handling pass's done still makes the record done.
+    handling, abandoned = store.new_token(), store.new_token()
+    claim = claim_of(store, new_message_id(), 1)
+    store.claim(handling, [claim])
+    assert claim_results(store, abandoned, [claim]) == [MINE]
+    store.give_back(store.records(abandoned, [claim]))
+    assert done_results(store, handling, [claim]) == [DoneResult.OK]
+    assert claim_results(store, store.new_token(), [claim_of(store, claim.message_id, 7)]) == \
+        [DUPLICATE]
 
 
 def test_a_done_batch_done_again_applies_nothing(one_shard: DedupStore,
@@ -534,13 +560,17 @@ def test_a_zombie_done_landing_after_a_reown_is_fenced(
         assert claim_results(store, fresh, [again]) == [MINE]
     counter = f"{key_prefix}:fx:counter"
     effects = {mid: [Effect("INCRBY", counter, (1,))]}
-    assert done_results(store, zombie, [claim], effects=effects) == [DoneResult.NOT_OWNED]
-    assert redis_client.get(counter) is None
-    # The zombie's done mark does not make the key done: the fresh batch still holds it.
-    assert claim_results(store, store.new_token(), [claim_of(store, mid, 3)]) == [BUSY]
-    assert done_results(store, fresh, [again], effects=effects) == [DoneResult.OK]
-    assert done_results(store, zombie, [claim], effects=effects) == [DoneResult.NOT_OWNED]
-    assert done_results(store, fresh, [again], effects=effects) == [DoneResult.ALREADY_DONE]
+    if how == "taken-over-elsewhere":
+        assert done_results(store, zombie, [claim], effects=effects) == [DoneResult.NOT_OWNED]
+        assert redis_client.get(counter) is None
+        # The zombie's done mark does not make the key done: the fresh batch still holds it.
+        assert claim_results(store, store.new_token(), [claim_of(store, mid, 3)]) == [BUSY]
+        assert done_results(store, fresh, [again], effects=effects) == [DoneResult.OK]
+        assert done_results(store, zombie, [claim], effects=effects) == [DoneResult.NOT_OWNED]
+        assert done_results(store, fresh, [again], effects=effects) == [DoneResult.ALREADY_DONE]
+    else:  # same position: whichever done lands first applies, the other finds it done
+        assert done_results(store, fresh, [again], effects=effects) == [DoneResult.OK]
+        assert done_results(store, zombie, [claim], effects=effects) == [DoneResult.ALREADY_DONE]
     assert redis_client.get(counter) == b"1"
 
 

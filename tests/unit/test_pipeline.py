@@ -10,6 +10,7 @@ and what retries and BUSY waits send.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -77,6 +78,7 @@ class Stub:
         self.claim_codes: dict[str, list[ClaimResult]] = {}  # per id: answers, in turn
         self.done_codes: dict[str, list[DoneResult]] = {}
         self.fail_next_landing = False
+        self.busy_held_by_self = False  # BUSY claims are held by the claiming pass itself
 
     def ids(self, keys: list[str], groups: int) -> list[str]:
         return [key.rsplit(":", 1)[-1] for key in keys[groups:]]
@@ -91,7 +93,11 @@ class Stub:
                 if call.script == "dedup_claim":
                     ids = self.ids(list(call.keys), groups)
                     codes = [self._next(self.claim_codes, i, ClaimResult.NEW) for i in ids]
-                    busy = [5_000 for c in codes if c is ClaimResult.BUSY]
+                    holder = token.encode() if self.busy_held_by_self else b"another-consumers"
+                    busy: list[Any] = []
+                    for c in codes:
+                        if c is ClaimResult.BUSY:
+                            busy += [5_000, holder]
                     replies.append([bytes(48 + c.value for c in codes), busy])
                 else:
                     n = int(call.args[2])
@@ -317,3 +323,35 @@ def test_dropped_partitions_give_back_whole_batches_and_let_go_the_rest(harness:
     harness.pipe.land_all()
     done = [i for trip in harness.stub.trips for s, _, i in trip if s == "dedup_done"]
     assert [len(ids) for ids in done] == [2]  # both claims of the pass settled
+
+
+def test_a_copy_held_by_a_pass_of_ours_is_a_duplicate_at_once(harness: Harness) -> None:
+    recs, ids = harness.records(3)
+    harness.stub.claim_codes[ids[2]] = [ClaimResult.BUSY]
+    harness.stub.busy_held_by_self = True  # e.g. the first copy of the id in this very batch
+    harness.pipe.read_ahead(recs)
+    batch = harness.pipe.next_batch()
+    assert batch is not None
+    harness.pipe.handle(batch)
+    stats = harness.batches.stats
+    assert (stats.duplicates, stats.busy_waits) == (1, 0)
+    assert len(harness.stub.trips) == 2  # no retry round: nothing waited on ourselves
+    assert harness.handled == ids[:2]
+
+
+def test_a_message_expired_while_it_waited_is_not_handled(harness: Harness) -> None:
+    recs, ids = harness.records(2)
+    late = envelope(b"late", ttl_ms=150)
+    recs.append(Record(harness.offset, CODEC.encode(late)))
+    harness.pipe.read_ahead(recs)  # decoded in time: claimed
+    batch = harness.pipe.next_batch()
+    assert batch is not None
+    assert [item.envelope.id for item in batch.items] == [*ids, late.id]
+    time.sleep(0.2)  # it waits behind other batches past its expiry
+    harness.pipe.handle(batch)
+    harness.pipe.land_all()
+    assert harness.handled == ids
+    assert harness.batches.stats.expired == 1
+    # Its claim is let go by the batch's done marks, with the handled ones.
+    done = [i for trip in harness.stub.trips for s, _, i in trip if s == "dedup_done"]
+    assert [len(i) for i in done] == [3]

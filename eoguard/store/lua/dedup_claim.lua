@@ -17,8 +17,9 @@
 -- then, for each claim i in KEYS order, two arguments: its position (its record as this
 --                reader sees it: KeySpace.position) and its expires_at + grace, epoch ms (its
 --                key's PXAT, computed by the caller so this loop formats no number per key)
--- returns      = {codes, busy_ms}: codes is a string with one digit per claim, in KEYS order;
---                busy_ms lists, for each BUSY claim in order, the lease left in ms:
+-- returns      = {codes, busy}: codes is a string with one digit per claim, in KEYS order;
+--                busy lists, for each BUSY claim in order, two items: the lease left in ms
+--                and the token of the batch holding it:
 --                0 NEW         absent -> claimed; or held at another position by a batch
 --                              whose lease lapsed (or whose record is gone) -> taken over
 --                1 MINE        held at this same position (this reader reads this record
@@ -88,6 +89,7 @@ for j = 1, groups do
             elseif held_at ~= position and batch == 'live' then
               code = 4
               busy[#busy + 1] = left
+              busy[#busy + 1] = holder
             elseif stale then
               code = 7
             else -- MINE (same position), or taken over (lapsed): under this token now

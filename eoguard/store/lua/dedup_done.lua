@@ -16,14 +16,16 @@
 -- ARGV[3]      = n
 -- ARGV[3+j]    = for group j = 1..g: its number of claims
 -- ARGV[4+g]    = '1' when every message was handled and none has effects (the common case:
---                nothing more follows); '0' otherwise, and then for each message i = 1..n, in
---                order: handled ('1') or let go ('0': failed, refused, dropped), command count
---                c, and c commands, each: NAME, index of its key in KEYS, argument count a,
---                a arguments (lib/effects.lua says which commands and options)
+--                then one argument per message follows: its position); '0' otherwise, and
+--                then for each message i = 1..n, in order: its position, handled ('1') or let
+--                go ('0': failed, refused, dropped), command count c, and c commands, each:
+--                NAME, index of its key in KEYS, argument count a, a arguments
+--                (lib/effects.lua says which commands and options)
 -- returns      = {codes, details}: codes is a string with one digit per message, in order;
 --                details lists, for each EFFECT_ERROR and PARTIAL in order, the reason:
 --                0 OK            handled and still ours: its effects applied, done with the batch
---                1 NOT_OWNED     the key names another token (re-owned, taken over): left alone
+--                1 NOT_OWNED     the key names another token at another position (taken over),
+--                                or the message was let go and another pass re-owned it: left alone
 --                2 ALREADY_DONE  this batch was done before, or the key is PARTIAL: nothing applied
 --                3 EFFECT_ERROR  a command would fail (wrong type, not an integer, overflow, bad
 --                                arguments, a read of the check refused) or its first one did:
@@ -36,6 +38,12 @@
 --                                "p|<token>|<position>": done for every reader, never applied
 --                                again; the caller dead-letters it instead of retrying
 --                6 RELEASED      let go and still ours: the claim deleted (a retry claims anew)
+--
+-- A handled message whose key names another pass of the same position (this reader claimed
+-- the record again: a rebalance, a rewind) that is not done is taken back, and settled as
+-- this pass's: the first done mark of a record wins, the later ones find it ALREADY_DONE or
+-- NOT_OWNED; without this, a pass that re-claimed the record and was then abandoned (its
+-- partition lost, its connection timed out) would leave it never done, and lost.
 --
 -- A handled message without effects costs one GET: the batch record's "d|<at>" is its done
 -- mark. The record is written last; if it is gone (its TTL, a failover) while claims still
@@ -57,11 +65,13 @@ local i = 0
 for j = 1, groups do
   local record = redis.call('GET', KEYS[j])
   local was_done = record ~= false and string.sub(record, 1, 1) == 'd'
+  local records = string.sub(KEYS[j], 1, #KEYS[j] - #token) -- this scope and shard's records
   local first, kept = i + 1, 0 -- kept: claim keys still naming the token, handled
   for _ = 1, tonumber(ARGV[3 + j]) do
     i = i + 1
     local key = KEYS[groups + i]
-    local handled, commands = true, nil
+    local mine, handled, commands = ARGV[p], true, nil
+    p = p + 1
     if not simple then
       handled = ARGV[p] == '1'
       local count = tonumber(ARGV[p + 1])
@@ -85,7 +95,17 @@ for j = 1, groups do
       code = 4
     else
       local state, holder, position = parse_claim(value)
-      if holder ~= token then
+      if holder ~= token and state == 'c' and position == mine and handled and not was_done then
+        if batch_state(redis.call('GET', records .. holder), now) == 'done' then
+          code = 2 -- the other pass of this record was done first
+        else -- taken back: this pass is done first
+          redis.call('SET', key, 'c|' .. token .. '|' .. position, 'KEEPTTL')
+          holder = token
+        end
+      end
+      if code == 2 then -- nothing applied: the record's other pass settles it
+        details = details
+      elseif holder ~= token then
         code = 1
       elseif state == 'p' or was_done then
         code = 2
