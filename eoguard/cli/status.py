@@ -13,7 +13,8 @@ import click
 from eoguard.cli import render
 from eoguard.cli.context import CliContext, json_option, pass_cli
 from eoguard.redaction import redact_url
-from eoguard.store.dedup import BatchRecord, BatchState, DedupEntry, IdState, read_entries
+from eoguard.store.dedup import BatchRecord, BatchState, DedupEntry, IdState
+from eoguard.store.dedup_admin import read_entries
 from eoguard.store.keys import KeySpace
 from eoguard.store.layout import recorded_layout
 from eoguard.store.liveness import Liveness

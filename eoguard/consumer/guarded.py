@@ -61,12 +61,13 @@ from redis.cluster import RedisCluster
 
 from eoguard.codec import EnvelopeCodec, PayloadCodec, SchemaRegistry
 from eoguard.config import ConsumerConfig
-from eoguard.consumer.batch import BatchProcessor, ConsumerStats
+from eoguard.consumer.batch import BatchProcessor
 from eoguard.consumer.dead_letter import DeadLetterRouter
 from eoguard.consumer.handler import BatchHandler, ContextEnv, Handler
 from eoguard.consumer.leases import BatchLeases
 from eoguard.consumer.pipeline import Pipeline
 from eoguard.consumer.rewind import Rewinds
+from eoguard.consumer.state import ConsumerStats
 from eoguard.errors import BrokerError, ConfigError, ConsumerClosedError, StoreError, UnavailableError
 from eoguard.kafka.consumer import KafkaConsumer, Partition
 from eoguard.kafka.sink import DeliverySink

@@ -38,9 +38,10 @@ from typing import Any, NamedTuple
 
 from confluent_kafka import Message
 
-from eoguard.consumer.batch import Batch, BatchProcessor, BatchStage, Send
+from eoguard.consumer.batch import BatchProcessor, Send
 from eoguard.consumer.dead_letter import DeadLetterRouter
 from eoguard.consumer.handler import Inbound
+from eoguard.consumer.state import Batch, BatchStage
 from eoguard.errors import StoreError
 from eoguard.kafka.consumer import Partition
 from eoguard.store.dedup import ClaimReport, DoneReport

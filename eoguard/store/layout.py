@@ -27,7 +27,7 @@ from redis.cluster import RedisCluster
 
 from eoguard.errors import ConfigError, StoreError
 from eoguard.store.client import RedisClient, wrap_redis_error
-from eoguard.store.dedup import count_keys
+from eoguard.store.dedup_admin import count_keys
 from eoguard.store.keys import LAYOUT_VERSION, KeySpace
 
 log = logging.getLogger(__name__)

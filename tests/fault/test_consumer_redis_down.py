@@ -14,9 +14,9 @@ import time
 import pytest
 import redis
 
-from eoguard.consumer.batch import ConsumerStats
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext
+from eoguard.consumer.state import ConsumerStats
 from eoguard.stack.feed import envelope, produce
 from eoguard.store.keys import KeySpace
 from tests.consumer_kit import committed_total, consumer_config

@@ -35,9 +35,8 @@ from eoguard.store.dedup import (
     RenewResult,
     parse_position,
     position,
-    scan_batches,
-    scan_entries,
 )
+from eoguard.store.dedup_admin import scan_batches, scan_entries
 from eoguard.store.keys import KeySpace
 from eoguard.store.scripts import lua_script
 

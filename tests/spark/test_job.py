@@ -19,7 +19,8 @@ from pyspark.sql import DataFrame, SparkSession
 from eoguard.envelope import now_ms
 from eoguard.errors import ConfigError
 from eoguard.stack.feed import envelope, produce
-from eoguard.store.dedup import Claim, DedupStore, IdState, parse_position, position, scan_entries
+from eoguard.store.dedup import Claim, DedupStore, IdState, parse_position, position
+from eoguard.store.dedup_admin import scan_entries
 from eoguard.store.keys import KeySpace
 from eoguard_spark import DedupMode, JobOptions, build_query
 from eoguard_spark.dedup import batch_token

@@ -19,11 +19,12 @@ import redis
 
 from eoguard.codec import EnvelopeCodec, PayloadCodec
 from eoguard.config import ConsumerConfig, RedisConfig
-from eoguard.consumer.batch import Batch, BatchProcessor, BatchStage
+from eoguard.consumer.batch import BatchProcessor
 from eoguard.consumer.dead_letter import DeadLetterRouter
 from eoguard.consumer.handler import ContextEnv, HandlerContext
 from eoguard.consumer.leases import BatchLeases
 from eoguard.consumer.pipeline import FLIGHTS_OUT, Pipeline
+from eoguard.consumer.state import Batch, BatchStage
 from eoguard.errors import StoreError
 from eoguard.stack.feed import envelope
 from eoguard.store.dedup import ClaimResult, DedupStore, DoneResult

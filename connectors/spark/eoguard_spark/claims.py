@@ -17,7 +17,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pyarrow as pa
 import redis
 
-from eoguard.store.dedup import BatchState, Claim, ClaimResult, DedupState, read_entries
+from eoguard.store.dedup import BatchState, Claim, ClaimResult, DedupState
+from eoguard.store.dedup_admin import read_entries
 from eoguard_spark.decode import RowStatus
 from eoguard_spark.worker import IN_FLIGHT, ClaimSettings, freeze_loaded_objects, in_flight
 

@@ -45,8 +45,8 @@
 -- NOT_OWNED; without this, a pass that re-claimed the record and was then abandoned (its
 -- partition lost, its connection timed out) would leave it never done, and lost.
 --
--- A handled message without effects costs one GET: the batch record's "d|<at>" is its done
--- mark. The record is written last; if it is gone (its TTL, a failover) while claims still
+-- A handled message without effects costs a read (one MGET per group): the batch record's
+-- "d|<at>" is its done mark. The record is written last; if it is gone (its TTL, a failover) while claims still
 -- name the token, it is written again with the latest TTL of those claims.
 
 --!include now_ms
@@ -58,6 +58,7 @@ local token, groups, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local simple = ARGV[4 + groups] == '1'
 local done = 'd|' .. string.format('%d', now)
 local p = 5 + groups
+local ours = 'c|' .. token .. '|'
 local codes, details = {}, {}
 local is_dedup_key, apply = nil, nil -- built for the first message with effects
 local i = 0
@@ -67,7 +68,16 @@ for j = 1, groups do
   local was_done = record ~= false and string.sub(record, 1, 1) == 'd'
   local records = string.sub(KEYS[j], 1, #KEYS[j] - #token) -- this scope and shard's records
   local first, kept = i + 1, 0 -- kept: claim keys still naming the token, handled
-  for _ = 1, tonumber(ARGV[3 + j]) do
+  local size = tonumber(ARGV[3 + j])
+  -- The group's claim keys read with one MGET per 1000 (a call per key costs more than the
+  -- key: this is most of a done mark's work); unpack stays far below Lua's stack limit.
+  local values = {}
+  for from = 1, size, 1000 do
+    local to = math.min(from + 999, size)
+    local got = redis.call('MGET', unpack(KEYS, groups + first + from - 1, groups + first + to - 1))
+    for k = 1, #got do values[from + k - 1] = got[k] end
+  end
+  for m = 1, size do
     i = i + 1
     local key = KEYS[groups + i]
     local mine, handled, commands = ARGV[p], true, nil
@@ -89,9 +99,11 @@ for j = 1, groups do
         end
       end
     end
-    local value = redis.call('GET', key)
+    local value = values[m]
     local code = 0
-    if not value then
+    if value == ours .. mine and handled and not commands and not was_done then
+      kept = kept + 1 -- the common case: still ours, handled, no effects
+    elseif not value then
       code = 4
     else
       local state, holder, position = parse_claim(value)
