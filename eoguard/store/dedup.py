@@ -73,6 +73,7 @@ _RELEASE = tuple(ReleaseResult)
 _RENEW = tuple(RenewResult)
 _BUSY_CODE = 48 + ClaimResult.BUSY.value  # as the scripts write it: an ASCII digit
 _WITH_REASON = (48 + DoneResult.EFFECT_ERROR.value, 48 + DoneResult.PARTIAL.value)
+_OK = DoneResult.OK
 
 T = TypeVar("T")
 RecordKey = tuple[int, str]
@@ -97,6 +98,8 @@ class DedupStore:
         self._key_prefixes = self.keys.dedup_prefixes(scope)
         self._record_prefixes = tuple(self.keys.dedup_batch_prefix(scope, shard)
                                       for shard in range(self.keys.shards))
+        self._reowned_prefixes = tuple(self.keys.dedup_reowned_prefix(scope, shard)
+                                       for shard in range(self.keys.shards))
         # A script may touch keys of several hash slots on a single node, not on a cluster.
         self._one_call = not isinstance(client, RedisCluster)
         self.round_trips = 0
@@ -140,7 +143,7 @@ class DedupStore:
             argv: list[ScriptArg] = [token, self.lease_ms, grace, self.keys.max_ttl_ms,
                                      len(shards)]
             for shard in shards:
-                argv += (prefixes[shard], len(groups[shard][0]))
+                argv += (prefixes[shard], self._reowned_prefixes[shard], len(groups[shard][0]))
             for shard in shards:
                 members, claim_keys = groups[shard]
                 keys += claim_keys
@@ -196,23 +199,26 @@ class DedupStore:
         _check_token(token)
         groups = self._group(claims)
         calls: list[ScriptCall] = []
-        prefixes = self._record_prefixes
+        simple_calls: list[bool] = []
+        call_members: list[list[int]] = []  # per call, its claims in the order of its keys
         for shards in self._calls(groups):
-            keys = [prefixes[shard] + token for shard in shards]
             members = [i for shard in shards for i in groups[shard][0]]
-            argv: list[ScriptArg] = [token, len(shards), len(members),
-                                     *(len(groups[shard][0]) for shard in shards)]
-            for shard in shards:
-                keys += groups[shard][1]
+            call_members.append(members)
             simple = handled is None or all(handled[i] for i in members)
             if simple and effects:
                 simple = not any(effects.get(claims[i][0]) for i in members)
+            latest = [max(claims[i][2] for i in groups[shard][0]) + self.grace_ms
+                      for shard in shards]
+            keys = self._done_keys(token, shards)
             if simple:  # the common case: every message handled, none with effects
-                argv.append(1)
-                argv += [claims[i][1] for i in members]  # positions
-                calls.append(ScriptCall("dedup_done", keys, argv))
+                calls.append(ScriptCall("dedup_done", keys, [
+                    token, len(shards), 0, *(0 for _ in shards), *latest, 1]))
+                simple_calls.append(True)
                 continue
-            argv.append(0)
+            argv: list[ScriptArg] = [token, len(shards), len(members),
+                                     *(len(groups[shard][0]) for shard in shards), *latest, 0]
+            for shard in shards:
+                keys += groups[shard][1]
             index: dict[str, int] = {}
             for i in members:
                 ok = handled is None or handled[i]
@@ -224,17 +230,25 @@ class DedupStore:
                         index[eff.key] = len(keys)
                     argv += (eff.command.upper(), index[eff.key], len(eff.args), *eff.args)
             calls.append(ScriptCall("dedup_done", keys, argv))
+            simple_calls.append(False)
         count = len(calls)
         calls += extra
-        order = self._order(groups)
 
         def parse(replies: list[Any]) -> DoneReport:
-            results: list[Any] = [None] * len(claims)
+            results: list[Any] = [_OK] * len(claims)
             details: dict[int, str] = {}
-            at = 0
-            for codes, reasons in replies[:count]:
-                members = order[at:at + len(codes)]
-                at += len(codes)
+            by_key: dict[bytes, int] | None = None
+            for (codes, reasons, reowned), simple, members in zip(
+                    replies[:count], simple_calls, call_members, strict=True):
+                if simple:  # no code per claim: OK, but for the re-owned keys listed
+                    if reowned:
+                        if by_key is None:
+                            by_key = {claims[i][4].encode() or self.key(claims[i][0]).encode(): i
+                                      for i in range(len(claims))}
+                        pairs = iter(reowned)
+                        for key, code in zip(pairs, pairs, strict=True):
+                            results[by_key[key]] = _DONE[int(code)]
+                    continue
                 for i, code in zip(members, codes, strict=True):
                     results[i] = _DONE[code - 48]
                 if reasons:  # one per EFFECT_ERROR or PARTIAL, in order
@@ -264,9 +278,9 @@ class DedupStore:
         _check_token(token)
         wanted = range(self.keys.shards) if shards is None else sorted(set(shards))
         groups: Groups = {shard: ([], []) for shard in wanted}
-        prefixes = self._record_prefixes
-        calls = [ScriptCall("dedup_done", [prefixes[shard] + token for shard in call_shards],
-                            [token, len(call_shards), 0, *(0 for _ in call_shards), 1])
+        calls = [ScriptCall("dedup_done", self._done_keys(token, call_shards),
+                            [token, len(call_shards), 0, *(0 for _ in call_shards),
+                             *(0 for _ in call_shards), 1])
                  for call_shards in self._calls(groups)]
         return Prepared(calls, lambda _replies: None)
 
@@ -407,6 +421,11 @@ class DedupStore:
         if not groups:
             return []
         return [list(groups)] if self._one_call else [[shard] for shard in groups]
+
+    def _done_keys(self, token: str, shards: Sequence[int]) -> list[str]:
+        """The batch records, then the re-owned hashes, of the pass ``token`` on ``shards``."""
+        return [*(self._record_prefixes[shard] + token for shard in shards),
+                *(self._reowned_prefixes[shard] + token for shard in shards)]
 
     @staticmethod
     def _order(groups: Groups) -> list[int]:

@@ -7,6 +7,8 @@ hash slot and the same code runs on Redis Cluster:
     {prefix}:ob:{<shard>}:r:<id>           outbox record of message <id> (string: outbox_types.py)
     {prefix}:dc:{<scope>/<shard>}:<id>     claim key of message <id> in consumer scope <scope>
     {prefix}:db:{<scope>/<shard>}:<token>  batch record of the claim pass <token> on that shard
+    {prefix}:dr:{<scope>/<shard>}:<token>  claims of <token> re-owned by another pass of the same
+                                           position (hash: claim key -> position)
     {prefix}:fx:{<scope>/<shard>}:<name>   a transactional handler's effect key, in the hash
                                            slot of the dedup keys of <shard> (Cluster-safe)
     {prefix}:live:{producers}              live producer leases (sorted set: instance -> deadline)
@@ -87,6 +89,14 @@ class KeySpace:
         """A batch record key of ``scope`` and ``shard`` without its token (the claim script
         reads the record of the token a claim key names: same hash tag, same slot)."""
         return f"{self.prefix}:db:{{{scope}/{shard}}}:"
+
+    def dedup_reowned(self, scope: str, shard: int, token: str) -> str:
+        """The claims of pass ``token`` on ``shard`` that a later pass of the same position
+        re-owned (its done marks take them back if they land first)."""
+        return f"{self.dedup_reowned_prefix(scope, shard)}{token}"
+
+    def dedup_reowned_prefix(self, scope: str, shard: int) -> str:
+        return f"{self.prefix}:dr:{{{scope}/{shard}}}:"
 
     def dedup_pattern(self, scope: str | None = None) -> str:
         """SCAN pattern for the claim keys of one scope, or of every scope."""

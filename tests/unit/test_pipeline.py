@@ -80,9 +80,7 @@ class Stub:
         self.done_codes: dict[str, list[DoneResult]] = {}
         self.fail_next_landing = False
         self.busy_held_by_self = False  # BUSY claims are held by the claiming pass itself
-
-    def ids(self, keys: list[str], groups: int) -> list[str]:
-        return [key.rsplit(":", 1)[-1] for key in keys[groups:]]
+        self.written: dict[str, list[str]] = {}  # per token: the claim keys it wrote
 
     def send(self, prepared: list[Prepared[Any]]) -> Callable[[], list[Any]]:
         trip: list[tuple[str, str, list[str]]] = []
@@ -90,23 +88,34 @@ class Stub:
         for p in prepared:
             replies = []
             for call in p.calls:
-                token, groups = str(call.args[0]), int(call.args[4 if call.script == "dedup_claim" else 1])
+                keys, args = list(call.keys), call.args
+                token = str(args[0])
                 if call.script == "dedup_claim":
-                    ids = self.ids(list(call.keys), groups)
+                    groups = int(args[4])
+                    claim_keys = keys[groups:]
+                    ids = [key.rsplit(":", 1)[-1] for key in claim_keys]
                     codes = [self._next(self.claim_codes, i, ClaimResult.NEW) for i in ids]
                     holder = token.encode() if self.busy_held_by_self else b"another-consumers"
                     busy: list[Any] = []
                     for c in codes:
                         if c is ClaimResult.BUSY:
                             busy += [5_000, holder]
+                    self.written.setdefault(token, []).extend(
+                        k for k, c in zip(claim_keys, codes, strict=True) if c.should_handle)
                     replies.append([bytes(48 + c.value for c in codes), busy])
-                else:
-                    n = int(call.args[2])
-                    ids = self.ids(list(call.keys), groups)[:n]
+                else:  # dedup_done: a simple pass names no claim key; report by re-owned list
+                    groups, n = int(args[1]), int(args[2])
+                    claim_keys = keys[2 * groups:2 * groups + n] if n else self.written[token]
+                    ids = [key.rsplit(":", 1)[-1] for key in claim_keys]
                     codes = [self._next(self.done_codes, i, DoneResult.OK) for i in ids]
                     reasons = [b"scripted" for c in codes
                                if c in (DoneResult.EFFECT_ERROR, DoneResult.PARTIAL)]
-                    replies.append([bytes(48 + c.value for c in codes), reasons])
+                    if n:
+                        replies.append([bytes(48 + c.value for c in codes), reasons, []])
+                    else:
+                        listed = [x for k, c in zip(claim_keys, codes, strict=True)
+                                  if c is not DoneResult.OK for x in (k.encode(), b"%d" % c.value)]
+                        replies.append([b"", reasons, listed])
                 trip.append((call.script, token, ids))
             raw.append(replies)
         self.trips.append(trip)
@@ -271,18 +280,28 @@ def test_a_failed_handler_lets_its_claim_go_and_retries_under_a_new_token() -> N
         h.close()
 
 
-def test_a_refused_effect_is_claimed_and_handled_again(harness: Harness) -> None:
-    recs, ids = harness.records(2)
-    harness.stub.done_codes[ids[0]] = [DoneResult.EFFECT_ERROR]
-    harness.pipe.read_ahead(recs)
-    batch = harness.pipe.next_batch()
-    assert batch is not None
-    harness.pipe.handle(batch)
-    harness.pipe.land_all()
-    assert harness.handled.count(ids[0]) == 2
-    assert harness.handled.count(ids[1]) == 1
-    assert harness.batches.stats.handled == 2
-    assert batch.stage is BatchStage.COMMITTED
+def test_a_refused_effect_is_claimed_and_handled_again() -> None:
+    handled: list[str] = []
+
+    def with_effects(ctx: HandlerContext) -> None:
+        ctx.tx.incr(ctx.key_for("n"))  # a Redis-transactional handler: its done reads claims
+        handled.append(ctx.message_id)
+
+    h = Harness(with_effects)
+    try:
+        recs, ids = h.records(2)
+        h.stub.done_codes[ids[0]] = [DoneResult.EFFECT_ERROR]
+        h.pipe.read_ahead(recs)
+        batch = h.pipe.next_batch()
+        assert batch is not None
+        h.pipe.handle(batch)
+        h.pipe.land_all()
+        assert handled.count(ids[0]) == 2
+        assert handled.count(ids[1]) == 1
+        assert h.batches.stats.handled == 2
+        assert batch.stage is BatchStage.COMMITTED
+    finally:
+        h.close()
 
 
 def test_a_landing_that_failed_leaves_every_batch_to_rewind(harness: Harness) -> None:

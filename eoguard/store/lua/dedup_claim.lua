@@ -10,10 +10,13 @@
 -- ARGV[3]      = grace in ms: the claim key of a message expires at expires_at + grace
 -- ARGV[4]      = max_ttl in ms: no key outlives now + max_ttl + grace, whatever a record says
 -- ARGV[5]      = g
--- ARGV[4+2j]   = for group j = 1..g: the batch record key of its scope and shard without the
+-- ARGV[3+3j]   = for group j = 1..g: the batch record key of its scope and shard without the
 --                token (the record of a token a claim key names is that .. token: same hash
---                tag, same slot; the one key these scripts read that KEYS does not list)
--- ARGV[5+2j]   = for group j: its number of claims
+--                tag, same slot; with the next, the keys these scripts use that KEYS does not
+--                list)
+-- ARGV[4+3j]   = for group j: the re-owned hash key of its scope and shard without the token
+--                (KeySpace.dedup_reowned)
+-- ARGV[5+3j]   = for group j: its number of claims
 -- then, for each claim i in KEYS order, two arguments: its position (its record as this
 --                reader sees it: KeySpace.position) and its expires_at + grace, epoch ms (its
 --                key's PXAT, computed by the caller so this loop formats no number per key)
@@ -23,7 +26,9 @@
 --                0 NEW         absent -> claimed; or held at another position by a batch
 --                              whose lease lapsed (or whose record is gone) -> taken over
 --                1 MINE        held at this same position (this reader reads this record
---                              again) by a batch not done -> now under this token
+--                              again) by a batch not done -> now under this token; the key
+--                              is noted in the holder's re-owned hash (claim key -> position),
+--                              so the holder's done marks take it back if they land first
 --                2 DONE_HERE   held at this same position by a done batch: handled already
 --                              (a consumer skips it; a Spark replay keeps its row)
 --                3 DUPLICATE   held at another position by a done batch, or PARTIAL there
@@ -47,10 +52,10 @@ local groups = tonumber(ARGV[5])
 local open = 'o|' .. string.format('%d', now + lease_ms)
 local claimed_by = 'c|' .. token .. '|'
 local codes, busy = {}, {}
-local i, a = 0, 6 + 2 * groups -- the claim (index into codes) and its first argument
+local i, a = 0, 6 + 3 * groups -- the claim (index into codes) and its first argument
 
 for j = 1, groups do
-  local records, count = ARGV[4 + 2 * j], tonumber(ARGV[5 + 2 * j])
+  local records, reowned, count = ARGV[3 + 3 * j], ARGV[4 + 3 * j], tonumber(ARGV[5 + 3 * j])
   local own = redis.call('GET', KEYS[j])
   local stale = own ~= false and string.sub(own, 1, 1) == 'd'
   local latest = 0 -- the latest PXAT of a claim key written under the token in this group
@@ -94,10 +99,17 @@ for j = 1, groups do
               code = 7
             else -- MINE (same position), or taken over (lapsed): under this token now
               code = held_at == position and 1 or 0
+              local expire_at = redis.call('PEXPIRETIME', key)
               if holder ~= token then
                 redis.call('SET', key, claimed_by .. position, 'KEEPTTL')
+                if code == 1 then -- re-owned from a pass that may still be done first
+                  local taken = reowned .. holder
+                  redis.call('HSET', taken, key, position)
+                  if redis.call('PEXPIRETIME', taken) < expire_at then
+                    redis.call('PEXPIREAT', taken, expire_at)
+                  end
+                end
               end
-              local expire_at = redis.call('PEXPIRETIME', key)
               if expire_at > latest then latest = expire_at end
             end
           end
