@@ -9,9 +9,6 @@ import logging
 import subprocess
 import threading
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 import redis
@@ -25,6 +22,7 @@ from eoguard.stack.redis_server import ensure_redis_server
 from eoguard.store.keys import DEFAULT_MAX_TTL_MS, LAYOUT_VERSION, KeySpace
 from eoguard.store.layout import Layout, check_layout, recorded_layout, recorded_shards
 from tests.conftest import free_port
+from tests.redis_kit import acl_user
 
 pytestmark = pytest.mark.integration
 
@@ -143,22 +141,6 @@ def test_a_consumer_with_another_shard_count_is_refused(redis_client, redis_url:
                             keyspace=KeySpace(prefix=key_prefix, shards=16))
     with pytest.raises(ConfigError, match="laid out in 8 shards"):
         GuardedConsumer(config, handler=lambda ctx: None)
-
-
-@contextmanager
-def acl_user(admin: redis.Redis, key_prefix: str, *denied: str) -> Iterator[redis.Redis]:
-    """A client of a fresh ACL user that may run every command but ``denied``."""
-    user, password = f"eoguard-test-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
-    admin.acl_setuser(user, enabled=True, passwords=[f"+{password}"],
-                      commands=["+@all", *denied], keys=[f"{key_prefix}:*"])
-    kwargs = admin.connection_pool.connection_kwargs
-    client = redis.Redis(host=kwargs["host"], port=kwargs["port"], db=kwargs.get("db", 0),
-                         username=user, password=password)
-    try:
-        yield client
-    finally:
-        client.close()
-        admin.acl_deluser(user)
 
 
 def test_a_server_that_may_evict_is_refused(redis_client, key_prefix: str,
