@@ -106,6 +106,10 @@ class KeySpace:
         """SCAN pattern for the batch records of one scope, or of every scope."""
         return f"{self.prefix}:db:{{{scope}/*" if scope else f"{self.prefix}:db:*"
 
+    def dedup_reowned_pattern(self, scope: str | None = None) -> str:
+        """SCAN pattern for the re-owned hashes of one scope, or of every scope."""
+        return f"{self.prefix}:dr:{{{scope}/*" if scope else f"{self.prefix}:dr:*"
+
     def legacy_dedup_pattern(self) -> str:
         """SCAN pattern for the dedup keys of layout version 1, left under this prefix."""
         return f"{self.prefix}:dd:*"

@@ -414,8 +414,13 @@ def test_an_abandoned_re_claim_never_loses_the_record(store: DedupStore,
     claim = claim_of(store, new_message_id(), 1)
     store.claim(handling, [claim])
     assert claim_results(store, abandoned, [claim]) == [MINE]
+    # The re-own is noted in the handling pass's re-owned hash, with the claim's expiry.
+    noted = store.keys.dedup_reowned(store.scope, claim.shard, handling)
+    assert redis_client.hgetall(noted) == {claim.key.encode(): claim.position.encode()}
+    assert redis_client.pexpiretime(noted) == redis_client.pexpiretime(claim.key)
     store.give_back(store.records(abandoned, [claim]))
     assert done_results(store, handling, [claim]) == [DoneResult.OK]
+    assert redis_client.exists(noted) == 0  # read and deleted by the done marks
     assert claim_results(store, store.new_token(), [claim_of(store, claim.message_id, 7)]) == \
         [DUPLICATE]
 
