@@ -7,10 +7,12 @@ per message is the Lua scripts, and how much is Redis writing the keys. For ``--
 batches of ``--batch`` fresh message ids it measures the Redis server's CPU (INFO cpu, user +
 system, main thread) per key for:
 
-  claim (script)       DedupStore.claim: ``dedup_claim.lua``, one call per batch (SET NX PXAT)
-  claim (plain SET)    the same write as pipelined ``SET key value NX PXAT`` commands
-  done (script)        DedupStore.done: ``dedup_done.lua`` (SET XX KEEPTTL GET, fenced)
-  done (plain SET)     the same write as pipelined ``SET key value XX KEEPTTL GET`` commands
+  claim (script)       DedupStore.claim: ``dedup_claim.lua``, one call per batch (SET NX PXAT
+                       per message, one batch record per shard)
+  claim (plain SET)    the same key writes as pipelined ``SET key value NX PXAT`` commands
+  done (script)        DedupStore.done: ``dedup_done.lua`` (a GET per message, fenced; the
+                       batch records marked done)
+  done (plain SET)     what a done mark per key costs plain: ``SET key value XX KEEPTTL GET``
 
 Each pair runs on the same server, interleaved, batch by batch. Use a private Redis started
 like the stack's (AOF, ``appendfsync always``): the figures include its AOF writes; the AOF
@@ -28,7 +30,7 @@ import redis
 
 from eoguard.envelope import new_message_id
 from eoguard.stack import LocalStack
-from eoguard.store.dedup import Claim, DedupStore
+from eoguard.store.dedup import Claim, DedupStore, position
 from eoguard.store.keys import KeySpace
 
 Step = Callable[[list[Claim]], None]
@@ -44,7 +46,7 @@ def plain_claim(client: redis.Redis[bytes], store: DedupStore) -> Step:
         pipe = client.pipeline(transaction=False)
         deadline = int(time.time() * 1000) + store.lease_ms
         for claim in claims:
-            pipe.set(claim.key, f"c|{deadline}|{claim.owner}", nx=True,
+            pipe.set(claim.key, f"c|{deadline}|{claim.position}", nx=True,
                      pxat=claim.expires_at_ms + store.grace_ms)
         pipe.execute()
     return run
@@ -55,7 +57,7 @@ def plain_done(client: redis.Redis[bytes]) -> Step:
         pipe = client.pipeline(transaction=False)
         done_at = int(time.time() * 1000)
         for claim in claims:
-            pipe.set(claim.key, f"d|{done_at}|{claim.owner}", xx=True, keepttl=True, get=True)
+            pipe.set(claim.key, f"d|{done_at}|{claim.position}", xx=True, keepttl=True, get=True)
         pipe.execute()
     return run
 
@@ -71,11 +73,14 @@ def main() -> None:
     keys = KeySpace(prefix=f"benchw{uuid.uuid4().hex[:6]}")
     store = DedupStore(client, scope="bench", keys=keys)
     expires = int(time.time() * 1000) + 3_600_000
+    tokens: dict[int, str] = {}
+
     def script_claim(claims: list[Claim]) -> None:
-        store.claim(claims)
+        tokens[id(claims)] = store.new_token()
+        store.claim(tokens[id(claims)], claims)
 
     def script_done(claims: list[Claim]) -> None:
-        store.done(claims)
+        store.done(tokens.pop(id(claims)), claims)
 
     steps: dict[str, tuple[Step, Step]] = {
         "script": (script_claim, script_done),
@@ -85,7 +90,7 @@ def main() -> None:
     try:
         for n in range(args.batches):
             for way, (claim, done) in steps.items():
-                claims = [store.new_claim(new_message_id(), f"bench|b|t|0|{n * args.batch + i}",
+                claims = [store.new_claim(new_message_id(), position("b", "t", 0, n * args.batch + i),
                                           expires) for i in range(args.batch)]
                 before = redis_cpu_s(client)
                 claim(claims)

@@ -5,9 +5,9 @@ This module holds the public API only; everything listed in ``__all__`` is stabl
 
 from eoguard.codec import EnvelopeCodec, PayloadCodec, SchemaRegistry
 from eoguard.config import ConsumerConfig, ProducerConfig, RedisConfig
-from eoguard.consumer.batch import ConsumerStats
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext, RedisTx
+from eoguard.consumer.state import ConsumerStats
 from eoguard.envelope import Envelope, derived_message_id, new_message_id, now_ms
 from eoguard.errors import (
     BackpressureError,

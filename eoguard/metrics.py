@@ -49,8 +49,7 @@ Consumer (``GuardedConsumer.stats()``):
     eoguard_consumer_store_outages_total        counter  batches rewound because Redis or Kafka failed
     eoguard_consumer_commits_total              counter  offset commits
     eoguard_consumer_partial_effects_total      counter  effects failed midway: done, dead-lettered
-    eoguard_consumer_lease_renewals_total       counter  renewal passes over held claims
-    eoguard_consumer_leases_lost_total          counter  claims taken over before their renewal
+    eoguard_consumer_lease_renewals_total       counter  renewal passes over the batches held
     eoguard_consumer_in_flight                  gauge    messages claimed and not yet done
 
 Outbox (Redis, per key prefix, label ``prefix``):
@@ -133,9 +132,7 @@ CONSUMER_METRICS: dict[str, tuple[str, str, float, str]] = {
     "partial_effects": ("eoguard_consumer_partial_effects", "counter", 1,
                         "Redis effects failed midway: marked done, dead-lettered, to repair."),
     "lease_renewals": ("eoguard_consumer_lease_renewals", "counter", 1,
-                       "Renewal passes over the claims held (sent and not done yet)."),
-    "leases_lost": ("eoguard_consumer_leases_lost", "counter", 1,
-                    "Claims found taken over at renewal (handled past their lease)."),
+                       "Renewal passes over the batches held (one write per batch and shard)."),
     "in_flight": ("eoguard_consumer_in_flight", "gauge", 1, "Messages claimed and not yet done."),
 }
 

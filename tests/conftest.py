@@ -22,6 +22,7 @@ from eoguard.errors import StackError
 from eoguard.stack import Endpoints, LocalStack, create_topics, spark_jars
 from eoguard.stack.kafka_broker import KafkaBroker, broker_answers
 from eoguard.stack.redis_server import RedisServer
+from tests.redis_kit import acl_user
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -172,14 +173,5 @@ def limited_client(request: pytest.FixtureRequest, redis_client: redis.Redis,
     check passed (the check reads the data, it does not model ACLs)."""
     marker = request.node.get_closest_marker("denied")
     denied = list(marker.args) if marker else ["-sadd", "-hget"]
-    user, password = f"eoguard-test-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
-    redis_client.acl_setuser(user, enabled=True, passwords=[f"+{password}"],
-                             commands=["+@all", *denied], keys=[f"{key_prefix}:*"])
-    kwargs = redis_client.connection_pool.connection_kwargs
-    client = redis.Redis(host=kwargs["host"], port=kwargs["port"], db=kwargs.get("db", 0),
-                         username=user, password=password)
-    try:
+    with acl_user(redis_client, key_prefix, *denied) as client:
         yield client
-    finally:
-        client.close()
-        redis_client.acl_deluser(user)

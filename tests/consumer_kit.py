@@ -12,6 +12,7 @@ from confluent_kafka import Consumer, TopicPartition
 from eoguard.codec import EnvelopeCodec
 from eoguard.config import ConsumerConfig, RedisConfig
 from eoguard.consumer.guarded import GuardedConsumer
+from eoguard.consumer.handler import HandlerContext
 from eoguard.store.keys import KeySpace
 
 CODEC = EnvelopeCodec()
@@ -27,6 +28,11 @@ def consumer_config(bootstrap: str, redis_url: str, topics: Sequence[str], *, pr
                               "retry_backoff_max_s": 0.5, **overrides}
     return ConsumerConfig(kafka=conf, redis=RedisConfig(url=redis_url), scope=scope,
                           topics=tuple(topics), keyspace=KeySpace(prefix=prefix), **values)
+
+
+def recorder() -> tuple[list[str], Callable[[HandlerContext], None]]:
+    seen: list[str] = []
+    return seen, lambda ctx: seen.append(ctx.message_id)
 
 
 def drain(consumers: Sequence[GuardedConsumer], done: Callable[[], bool], *,

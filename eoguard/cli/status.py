@@ -13,15 +13,19 @@ import click
 from eoguard.cli import render
 from eoguard.cli.context import CliContext, json_option, pass_cli
 from eoguard.redaction import redact_url
-from eoguard.store.dedup import DedupEntry, DedupState, read_entries
+from eoguard.store.dedup import BatchRecord, BatchState, DedupEntry, IdState
+from eoguard.store.dedup_admin import read_entries
+from eoguard.store.keys import KeySpace
+from eoguard.store.layout import recorded_layout
 from eoguard.store.liveness import Liveness
 from eoguard.store.outbox import RecordState
 from eoguard.store.outbox_admin import RecordSummary, read_records
 
 HELP = """Overall state: outbox records by topic and state (pending / published), the oldest
-pending record's age, records past their resend time; dedup keys by scope and state (claimed /
-done), claims whose lease lapsed; live producers and consumers (liveness leases); memory used
-by these keys.
+pending record's age, records past their resend time; per dedup scope, claim keys by their id's
+state (done / in progress / free to take over / partial) and batch records (open with lease
+left / open with lease lapsed / done); dedup keys of layout version 1 still under the prefix,
+when there are any; live producers and consumers (liveness leases); memory used by these keys.
 
 How: one SCAN pass over the key prefix (COUNT --count per call, never KEYS) with a pipelined
 read per batch, so the figures are exact and Redis stays responsive; a progress bar shows the
@@ -54,22 +58,55 @@ class OutboxTally:
                 self.past_resend += 1
 
 
+CLAIM_STATES = (IdState.DONE, IdState.IN_PROGRESS, IdState.FREE, IdState.PARTIAL)
+"""The states a claim key's id can be in (NEW has no key), in the order the CLI shows them."""
+BATCH_STATES = ("open", "lapsed", "done")
+"""A batch record: open with lease left, open with its lease lapsed, or done."""
+
+
 @dataclass
 class DedupTally:
-    """Dedup figures accumulated over the SCAN."""
+    """Dedup figures accumulated over the SCAN: claim keys by id state, batch records by
+    state, per scope; dedup keys of layout version 1 under the prefix."""
 
-    by_scope_state: Counter[tuple[str, str]] = field(default_factory=Counter)
-    lapsed: Counter[str] = field(default_factory=Counter)
+    claims: Counter[tuple[str, IdState]] = field(default_factory=Counter)
+    batches: Counter[tuple[str, str]] = field(default_factory=Counter)
+    legacy_keys: int = 0
     memory_bytes: int = 0
 
     def add(self, entry: DedupEntry, now_ms: int) -> None:
-        self.by_scope_state[(entry.scope, _state_name(entry.state))] += 1
-        if entry.state is DedupState.CLAIMED and entry.at_ms <= now_ms:
-            self.lapsed[entry.scope] += 1
+        self.claims[(entry.scope, entry.id_state(now_ms))] += 1
+
+    def add_batch(self, record: BatchRecord, now_ms: int) -> None:
+        self.batches[(KeySpace.scope_of(record.key), batch_state(record, now_ms))] += 1
+
+    def by_scope(self) -> dict[str, dict[str, dict[str, int]]]:
+        scopes = sorted({s for s, _ in self.claims} | {s for s, _ in self.batches})
+        return {scope: {
+            "claims": {state.value: self.claims[(scope, state)] for state in CLAIM_STATES},
+            "batches": {state: self.batches[(scope, state)] for state in BATCH_STATES},
+        } for scope in scopes}
 
 
-def _state_name(state: DedupState) -> str:
-    return state.name.lower()
+def batch_state(record: BatchRecord, now_ms: int) -> str:
+    """One of :data:`BATCH_STATES`, judged at ``now_ms`` on Redis's clock."""
+    if record.state is BatchState.DONE:
+        return "done"
+    return "open" if record.at_ms > now_ms else "lapsed"
+
+
+def read_batches(cli: CliContext, names: Sequence[str]) -> list[BatchRecord]:
+    """The batch records ``names`` (GET and PEXPIRETIME, pipelined); vanished ones left out."""
+    if not names:
+        return []
+    pipe: Any = cli.client().pipeline(transaction=False)
+    for name in names:
+        pipe.get(name)
+        pipe.execute_command("PEXPIRETIME", name)
+    replies = pipe.execute()
+    return [BatchRecord.parse(name, value.decode(), int(expire_at))
+            for name, value, expire_at in zip(names, replies[::2], replies[1::2], strict=True)
+            if value is not None]
 
 
 def _memory(cli: CliContext, redis_keys: Sequence[str]) -> dict[str, int]:
@@ -87,16 +124,28 @@ def _server_ms(cli: CliContext) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-def scan_prefix(cli: CliContext, count: int) -> Iterator[tuple[list[str], list[str], list[str]]]:
-    """One SCAN pass over the prefix: (every name, outbox record names, dedup key names) per call."""
+@dataclass
+class ScanBatch:
+    """One SCAN call's names under the prefix, sorted by what they are."""
+
+    names: list[str]
+    records: list[str]  # outbox records
+    claims: list[str]  # claim keys
+    batches: list[str]  # batch records
+    legacy: int  # dedup keys of layout version 1
+
+
+def scan_prefix(cli: CliContext, count: int) -> Iterator[ScanBatch]:
+    """One SCAN pass over the prefix, a :class:`ScanBatch` per call."""
     client, keys = cli.client(), cli.keys
-    record_pattern, dedup_pattern = keys.outbox_record_pattern(), keys.dedup_pattern()
+    patterns = (keys.outbox_record_pattern(), keys.dedup_pattern(), keys.dedup_batch_pattern(),
+                keys.legacy_dedup_pattern())
     cursor: Any = 0
     while True:
         cursor, names = client.scan(cursor, match=keys.pattern(), count=count)
         text = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
-        yield (text, [n for n in text if fnmatchcase(n, record_pattern)],
-               [n for n in text if fnmatchcase(n, dedup_pattern)])
+        records, claims, batches, legacy = ([n for n in text if fnmatchcase(n, p)] for p in patterns)
+        yield ScanBatch(text, records, claims, batches, len(legacy))
         if int(cursor) == 0:
             return
 
@@ -110,34 +159,38 @@ def collect(cli: CliContext, *, scope: str | None, count: int, memory: bool) -> 
     all_keys = total_bytes = 0
     with render.progress(cli) as progress:
         task = progress.add_task("scanning", total=max(int(client.dbsize()), 1))
-        for names, record_names, dedup_names in scan_prefix(cli, count):
-            all_keys += len(names)
+        for found in scan_prefix(cli, count):
+            all_keys += len(found.names)
             progress.advance(task, count)
-            records = read_records(client, record_names)
-            entries = [e for e in read_entries(client, keys, dedup_names)
+            records = read_records(client, found.records)
+            entries = [e for e in read_entries(client, keys, found.claims)
                        if scope is None or e.scope == scope]
+            batches = [b for b in read_batches(cli, found.batches)
+                       if scope is None or KeySpace.scope_of(b.key) == scope]
             for rec in records:
                 outbox.add(rec, now)
             for entry in entries:
                 dedup.add(entry, now)
+            for batch in batches:
+                dedup.add_batch(batch, now)
+            dedup.legacy_keys += found.legacy
             if memory:
-                used = _memory(cli, names)
+                used = _memory(cli, found.names)
                 total_bytes += sum(used.values())
                 outbox.memory_bytes += sum(used.get(r.redis_key, 0) for r in records)
                 dedup.memory_bytes += sum(used.get(e.key, 0) for e in entries)
+                dedup.memory_bytes += sum(used.get(b.key, 0) for b in batches)
+    layout = recorded_layout(client, keys.prefix)
     live = Liveness(client, keys).live()
     consumers = Liveness(client, keys, role="consumers").live()
     topics: dict[str, dict[str, int]] = defaultdict(lambda: {"pending": 0, "published": 0})
     for (topic, state), n in sorted(outbox.by_topic_state.items()):
         topics[topic][state] = n
-    scopes: dict[str, dict[str, int]] = defaultdict(lambda: {"claimed": 0, "done": 0, "lapsed": 0})
-    for (name, state), n in sorted(dedup.by_scope_state.items()):
-        scopes[name][state] = n
-    for name, n in dedup.lapsed.items():
-        scopes[name]["lapsed"] = n
     oldest = outbox.oldest_pending_created_ms
     return {
         "redis_url": None, "prefix": keys.prefix, "shards": keys.shards, "server_time_ms": now,
+        "layout": None if layout is None else {  # as recorded by the first process (None: no use yet)
+            "version": layout.version, "shards": layout.shards, "max_ttl_ms": layout.max_ttl_ms},
         "outbox": {
             "records": sum(outbox.by_topic_state.values()),
             "pending": sum(n for (_, s), n in outbox.by_topic_state.items() if s == "pending"),
@@ -149,9 +202,14 @@ def collect(cli: CliContext, *, scope: str | None, count: int, memory: bool) -> 
             "memory_bytes": outbox.memory_bytes if memory else None,
         },
         "dedup": {
-            "keys": sum(dedup.by_scope_state.values()),
-            "by_scope": dict(scopes),
-            "lapsed_claims": sum(dedup.lapsed.values()),
+            "claim_keys": sum(dedup.claims.values()),
+            "claims": {state.value: sum(n for (_, s), n in dedup.claims.items() if s is state)
+                       for state in CLAIM_STATES},
+            "batch_records": sum(dedup.batches.values()),
+            "batches": {state: sum(n for (_, s), n in dedup.batches.items() if s == state)
+                        for state in BATCH_STATES},
+            "by_scope": dedup.by_scope(),
+            "v1_keys": dedup.legacy_keys,  # dedup keys of layout version 1, whatever the scope
             "memory_bytes": dedup.memory_bytes if memory else None,
         },
         "live": {
@@ -163,16 +221,27 @@ def collect(cli: CliContext, *, scope: str | None, count: int, memory: bool) -> 
     }
 
 
+def _slashed(counts: dict[str, int]) -> str:
+    return " / ".join(f"{n:,}" for n in counts.values())
+
+
 def _tables(data: dict[str, Any]) -> list[Any]:
     ob, dd, live = data["outbox"], data["dedup"], data["live"]
+    layout = data["layout"]
     summary = render.key_values(f"eoguard status - prefix {data['prefix']!r}", {
+        "layout": "not recorded (no producer or consumer started)" if layout is None else
+        f"version {layout['version']}, {layout['shards']} shards, max ttl "
+        f"{render.duration_ms(layout['max_ttl_ms']) or '-'}",
         "outbox records": ob["records"],
         "  pending / published": f"{ob['pending']:,} / {ob['published']:,}",
         "  oldest pending age": render.duration_ms(ob["oldest_pending_age_ms"]),
         "  past resend time": ob["past_resend_time"],
         "  highest attempt": ob["max_attempt"] or None,
-        "dedup keys": dd["keys"],
-        "  claims with lapsed lease": dd["lapsed_claims"],
+        "claim keys": dd["claim_keys"],
+        "  done / in progress / free / partial": _slashed(dd["claims"]),
+        "batch records": dd["batch_records"],
+        "  open / lease lapsed / done": _slashed(dd["batches"]),
+        **({"v1 dedup keys left": dd["v1_keys"]} if dd["v1_keys"] else {}),
         "live producers": len(live["producers"]),
         "live consumers": len(live["consumers"]),
         "keys under the prefix": data["keys"],
@@ -184,9 +253,11 @@ def _tables(data: dict[str, Any]) -> list[Any]:
         out.append(render.table("outbox by topic", ["topic", "pending", "published"],
                                 [[t, v["pending"], v["published"]] for t, v in ob["by_topic"].items()]))
     if dd["by_scope"]:
-        out.append(render.table("dedup keys by scope", ["scope", "claimed", "done", "lapsed claims"],
-                                [[s, v["claimed"], v["done"], v["lapsed"]]
-                                 for s, v in dd["by_scope"].items()]))
+        out.append(render.table(
+            "dedup by scope: claim keys by id state, batch records",
+            ["scope", "done", "in progress", "free", "partial",
+             "batches open", "lease lapsed", "batches done"],
+            [[s, *v["claims"].values(), *v["batches"].values()] for s, v in dd["by_scope"].items()]))
     leases = [["producer", k, render.duration_ms(v)] for k, v in live["producers"].items()]
     leases += [["consumer", k, render.duration_ms(v)] for k, v in live["consumers"].items()]
     if leases:

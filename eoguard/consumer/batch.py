@@ -1,10 +1,11 @@
 """Steps 2-7 of the GuardedConsumer loop: decode, claim, handle, done, retry.
 
 A :class:`Batch` holds the records of one ``consume`` call: the unit whose offsets are stored
-and committed. :class:`BatchProcessor` takes batches through the steps and builds their Redis
-calls; :mod:`eoguard.consumer.guarded` decides which round trip carries them (a batch's done
-marks travel with the next batch's claims). Redis or Kafka failing here raises (StoreError,
-BrokerError, DeadLetterError) and the consumer rewinds what it holds.
+and committed, and (dedup v2) one claim pass: its claims name the batch's token, and its lease
+and done mark are the batch's records. :class:`BatchProcessor` takes batches through the
+steps and builds their Redis calls; :mod:`eoguard.consumer.pipeline` decides which round trip
+carries them. Redis or Kafka failing here raises an UnavailableError and the consumer rewinds
+what it holds.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Any
 
 from confluent_kafka import Message
 
@@ -26,7 +28,8 @@ from eoguard.consumer.handler import (
     Inbound,
     OutputRecord,
 )
-from eoguard.consumer.lease import LeaseKeeper
+from eoguard.consumer.leases import BatchLeases
+from eoguard.consumer.state import Batch, ConsumerStats
 from eoguard.envelope import Envelope, now_ms
 from eoguard.errors import CodecError, StateError, StoreError
 from eoguard.kafka.consumer import Partition
@@ -38,92 +41,41 @@ from eoguard.store.dedup import (
     DedupStore,
     DoneReport,
     DoneResult,
-    owner_token,
 )
 from eoguard.store.outbox import Outbox
 from eoguard.store.scripts import Prepared
 
 log = logging.getLogger(__name__)
 
-_NEW, _MINE, _TAKEN_OVER = ClaimResult.NEW, ClaimResult.MINE, ClaimResult.TAKEN_OVER
-_BUSY, _DUPLICATE, _PARTIAL_DONE = ClaimResult.BUSY, ClaimResult.DONE, ClaimResult.PARTIAL
-_REDELIVERED = ClaimResult.REDELIVERED
+Send = Callable[[list[Prepared[Any]]], Callable[[], list[Any]]]
+"""Sends prepared calls in one round trip; the function returned reads their parsed replies."""
+
+_NEW, _MINE, _BUSY = ClaimResult.NEW, ClaimResult.MINE, ClaimResult.BUSY
+_DUPLICATE, _DONE_HERE, _PARTIAL_HERE = (ClaimResult.DUPLICATE, ClaimResult.DONE_HERE,
+                                          ClaimResult.PARTIAL)
+_EXPIRED = ClaimResult.EXPIRED
 _OK, _EFFECT_ERROR, _ABSENT = DoneResult.OK, DoneResult.EFFECT_ERROR, DoneResult.ABSENT
 _PARTIAL = DoneResult.PARTIAL
-
-
-@dataclass(slots=True)
-class ConsumerStats:
-    """Counters since the consumer started (a copy is returned by ``stats()``)."""
-
-    polled: int = 0
-    handled: int = 0
-    duplicates: int = 0  # DONE at claim time: handled before (by this scope)
-    redelivered: int = 0  # read again after its own done mark landed (a commit or reply lost)
-    fenced: int = 0  # handled here, but the done mark was refused (another owner finished)
-    partial_effects: int = 0  # effects failed midway: marked done, dead-lettered, needs repair
-    expired: int = 0
-    dead_lettered: int = 0
-    retries: int = 0
-    busy_waits: int = 0
-    busy_skipped: int = 0
-    claim_round_trips: int = 0
-    redis_wait_s: float = 0.0  # the poll loop blocked on Redis replies (high: Redis is the bound)
-    in_flight: int = 0
-    store_outages: int = 0
-    commits: int = 0
-    lease_renewals: int = 0  # renewal passes over the claims held (sent and not done yet)
-    leases_lost: int = 0  # claims found taken over at renewal (handled too slowly)
-
-
-class Batch:
-    """The records of one ``consume`` call on their way from decoded to claimed to committed."""
-
-    __slots__ = ("busy", "busy_rounds", "busy_until", "ends", "items", "lease_left_ms", "msgs")
-
-    def __init__(self, msgs: list[Message], items: list[Inbound],
-                 ends: dict[Partition, int]) -> None:
-        self.msgs = msgs  # every record consumed, decoded or not: a rewind re-reads them all
-        self.items = items  # decoded, unexpired; once claimed: the ones this consumer handles
-        self.ends = ends  # per partition, the offset to commit: the last one consumed + 1
-        self.busy: list[Inbound] = []  # claimed by another owner whose lease is live
-        self.lease_left_ms: list[int] = []  # that lease, per busy item
-        self.busy_until = 0.0  # monotonic deadline of the busy waits
-        self.busy_rounds = 0
-
-    def claims(self) -> list[Claim]:
-        return [item.claim for item in self.items]
-
-    def drop(self, partitions: set[Partition]) -> list[Inbound]:
-        """Forget the records of ``partitions`` (revoked or lost); returns the items dropped."""
-        if partitions.isdisjoint(self.ends):
-            return []
-        gone = [item for item in self.items if (item.topic, item.partition) in partitions]
-        self.items = [item for item in self.items if (item.topic, item.partition) not in partitions]
-        kept = [(item, ms) for item, ms in zip(self.busy, self.lease_left_ms, strict=True)
-                if (item.topic, item.partition) not in partitions]
-        self.busy, self.lease_left_ms = [item for item, _ in kept], [ms for _, ms in kept]
-        self.msgs = [m for m in self.msgs
-                     if (m.topic() or "", m.partition() or 0) not in partitions]
-        self.ends = {tp: end for tp, end in self.ends.items() if tp not in partitions}
-        return gone
 
 
 class BatchProcessor:
     """Takes batches through decode -> claim -> handler -> done, with retries and dead letters."""
 
     def __init__(self, config: ConsumerConfig, *, dedup: DedupStore, outbox: Outbox | None,
-                 sink: DeliverySink, dead: DeadLetterRouter, env: ContextEnv, leases: LeaseKeeper,
-                 handler: Handler | None, batch_handler: BatchHandler | None) -> None:
+                 sink: DeliverySink, dead: DeadLetterRouter, env: ContextEnv,
+                 leases: BatchLeases, send: Send, handler: Handler | None,
+                 batch_handler: BatchHandler | None) -> None:
         self.config = config
-        self.leases = leases  # renews what sort() found ours until let_go()
+        self.send = send  # every round trip to Redis goes through it (the pipeline's too)
+        self.leases = leases  # renews a batch's records from its claims to its done marks
         self._dedup, self._outbox, self._sink, self._dead = dedup, outbox, sink, dead
         self._env, self._codec, self._payloads = env, env.codec, env.payloads
         self._handler, self._batch_handler = handler, batch_handler
         self._key_prefixes = dedup.keys.dedup_prefixes(config.scope)
-        # owner_token(scope, group, ...) up to the topic: the group is this consumer's reader
-        self._owner_prefix = owner_token(config.scope, str(config.kafka["group.id"]), "", 0, 0) \
-            .removesuffix("|0|0")
+        # position(group, topic, ...) up to the topic: the group is this consumer's reader
+        group = str(config.kafka["group.id"])
+        self._reader = f"{len(group)}:{group}|"
+        self._topics: dict[str, str] = {}  # topic -> its length-prefixed part of a position
         self.stats = ConsumerStats()
 
     # Steps 2 and 3 ---------------------------------------------------------------------
@@ -131,7 +83,7 @@ class BatchProcessor:
         """Decode envelopes and payloads; dead-letter the malformed, drop the expired."""
         items: list[Inbound] = []
         ends: dict[Partition, int] = {}
-        now, reader, prefixes = now_ms(), self._owner_prefix, self._key_prefixes
+        now, reader, prefixes, topics = now_ms(), self._reader, self._key_prefixes, self._topics
         shards, crc32 = len(prefixes), zlib.crc32  # KeySpace.shard_of, inlined: hot path
         decode, payload_of, new_tuple = self._codec.decode, self._payloads.decode, tuple.__new__
         for msg in msgs:
@@ -152,48 +104,56 @@ class BatchProcessor:
                 continue
             mid = envelope.id
             shard = crc32(mid.encode()) % shards
-            owner = f"{reader}{topic}|{partition}|{offset}"  # owner_token(), inlined
+            part = topics.get(topic)
+            if part is None:
+                part = topics[topic] = f"{reader}{len(topic)}:{topic}|"
+            where = f"{part}{partition}|{offset}"  # store.dedup.position(), inlined
             # Claim(...) without the NamedTuple's Python-level __new__: half the cost.
-            claim = new_tuple(Claim, (mid, owner, expires_at, shard, prefixes[shard] + mid))
+            claim = new_tuple(Claim, (mid, where, expires_at, shard, prefixes[shard] + mid))
             items.append(Inbound(msg, envelope, payload, claim))
         return Batch(msgs, items, ends)
 
     # Step 4 ------------------------------------------------------------------------------
+    def claim_call(self, batch: Batch) -> Prepared[ClaimReport]:
+        """A new claim pass for ``batch``: a fresh token, its records renewed from now on."""
+        batch.token = token = self._dedup.new_token()
+        claims = batch.claims()
+        self.leases.hold(token, self._dedup.records(token, claims))
+        return self._dedup.prepare_claim(token, claims)
+
     def sort(self, batch: Batch, report: ClaimReport) -> None:
-        """Keep in ``batch.items`` what this consumer now holds (renewed from now on, if it
-        was not since :meth:`sent`); set BUSY items aside."""
+        """Keep in ``batch.items`` (and ``batch.claimed``) what the claim pass made ours;
+        set BUSY items aside; count, dead-letter or drop the rest."""
         if not batch.busy_until:  # set at the first claim: retries do not extend it
             batch.busy_until = time.monotonic() + self.config.busy_wait_s
         results = report.results
         if results.count(_NEW) == len(results):  # the common case: all ours
-            self.leases.hold([item.claim for item in batch.items])
+            batch.claimed = batch.items
             return
         mine: list[Inbound] = []
-        self.leases.drop([item.claim for item, result in zip(batch.items, results, strict=True)
-                          if not (result is _NEW or result is _MINE or result is _TAKEN_OVER)])
         for i, (item, result) in enumerate(zip(batch.items, results, strict=True)):
-            if result is _NEW or result is _MINE or result is _TAKEN_OVER:
+            if result is _NEW or result is _MINE:
                 mine.append(item)
+            elif result is _BUSY and self.leases.holds(report.holders.get(i, "")):
+                # A copy of a message a pass of ours holds (read ahead, or earlier in this
+                # batch): that pass handles it, or lets it go to be read again. Waiting here
+                # would wait on ourselves: the pass is handled after this batch.
+                self.stats.duplicates += 1
             elif result is _BUSY:
                 batch.busy.append(item)
                 batch.lease_left_ms.append(report.lease_ms[i])
             elif result is _DUPLICATE:
                 self.stats.duplicates += 1
-            elif result is _REDELIVERED:
+            elif result is _DONE_HERE:
                 self.stats.redelivered += 1
-            elif result is _PARTIAL_DONE:  # our own PARTIAL, re-read before its dead letter
+            elif result is _PARTIAL_HERE:  # our own PARTIAL, re-read before its dead letter
                 self._partial(item, "effects partially applied by an earlier attempt of this "
                                     "record (re-read before its dead letter was sent)")
-            else:
+            elif result is _EXPIRED:
                 self._expired(item.msg, item.envelope)
-        batch.items = mine
-        self.leases.hold([item.claim for item in mine])
-
-    def sent(self, batches: list[Batch]) -> None:
-        """The claims of ``batches`` are on their way: renew them until their answer is read
-        (it holds what is ours, :meth:`sort`), however long the batches before them take."""
-        self.leases.hold([item.claim for batch in batches for item in batch.items],
-                         answered=False)
+            else:  # STALE: a token is never reused, so this is a bug; claim anew
+                raise StateError(f"batch {batch.token} is done already; not claiming under it")
+        batch.items = batch.claimed = mine
 
     # Steps 5 and 6 -----------------------------------------------------------------------
     def handle(self, items: list[Inbound]) -> tuple[list[Inbound], list[Inbound]]:
@@ -203,6 +163,15 @@ class BatchProcessor:
         off it at once, so nothing per message but the :class:`Inbound` outlives the call
         (fewer objects for the cyclic GC to walk: a few microseconds per message).
         """
+        now = now_ms()  # Step 5 re-checks expiry: a claim made in time may be handled late
+        if any(item.envelope.expires_at_ms <= now for item in items):
+            live = []
+            for item in items:
+                if item.envelope.expires_at_ms <= now:
+                    self._expired(item.msg, item.envelope)  # its claim is let go by the done
+                else:
+                    live.append(item)
+            items = live
         if not items:
             return [], []
         outputs: list[OutputRecord] = []
@@ -247,48 +216,54 @@ class BatchProcessor:
                 outputs += ctx.outputs
         return outputs
 
-    def prepare_done(self, ok: list[Inbound]) -> Prepared[DoneReport]:
-        """Done marks with the handlers' Redis effects, and the senders' outbox acks."""
-        claims = self.let_go(ok)
+    def done_call(self, batch: Batch, ok: list[Inbound]) -> Prepared[DoneReport]:
+        """The claim pass's done marks: ``ok`` handled (with their Redis effects), every other
+        claim of the pass let go (failed, dropped); then the senders' outbox acks."""
+        self.leases.drop(batch.token)
+        claimed = batch.claimed
+        handled = None
+        if len(ok) != len(claimed):
+            done = {id(item) for item in ok}
+            handled = [id(item) in done for item in claimed]
         effects = {item.envelope.id: item.effects for item in ok if item.effects}
         extra = self._outbox.ack_calls([item.envelope.id for item in ok]) \
             if self._outbox is not None and ok else []
-        return self._dedup.prepare_done(claims, effects, extra=extra)
+        return self._dedup.prepare_done(batch.token, [item.claim for item in claimed],
+                                        handled=handled, effects=effects, extra=extra)
 
-    def let_go(self, items: list[Inbound]) -> list[Claim]:
-        """The claims of ``items``, no longer renewed: about to be marked done or released."""
-        claims = [item.claim for item in items]
-        self.leases.drop(claims)
-        return claims
-
-    def settle_done(self, ok: list[Inbound], report: DoneReport) -> list[Inbound]:
-        """Count what was marked done; returns the items whose effects were refused."""
+    def settle_done(self, batch: Batch, ok: list[Inbound], report: DoneReport) -> list[Inbound]:
+        """Count what was marked done; returns the handled items to claim and handle again
+        (effects refused, or the claim vanished: nothing of theirs was applied)."""
         results = report.results
-        if results.count(_OK) == len(results):  # the common case
+        claimed, batch.claimed = batch.claimed, []
+        if len(ok) == len(claimed) and results.count(_OK) == len(results):  # the common case
             self.stats.handled += len(ok)
             return []
-        refused: list[Inbound] = []
-        for i, (item, result) in enumerate(zip(ok, results, strict=True)):
+        handled = {id(item) for item in ok}
+        again: list[Inbound] = []
+        for i, (item, result) in enumerate(zip(claimed, results, strict=True)):
+            if id(item) not in handled:
+                continue  # let go: released, or no longer ours anyway
             if result is _OK:
                 self.stats.handled += 1
             elif result is _EFFECT_ERROR:
                 item.error = StoreError(f"Redis effects refused: {report.details[i]}")
-                refused.append(item)
+                again.append(item)
             elif result is _PARTIAL:  # done already (never re-applied): no retry, report it
                 self._partial(item, report.details[i])
             elif result is _ABSENT:
                 # Nothing was applied, so handling again is the only way not to lose it.
                 item.error = StateError("the claim vanished before done (expired, forgotten "
-                                           "or lost in a failover); claiming again")
-                refused.append(item)
-            else:
+                                        "or lost in a failover); claiming again")
+                again.append(item)
+            else:  # NOT_OWNED (re-owned or taken over), ALREADY_DONE: another attempt decides
                 self.stats.fenced += 1
-        return refused
+        return again
 
     # Step 7 ------------------------------------------------------------------------------
     def plan(self, failed: list[Inbound], batch: Batch, *,
              handled_any: bool) -> tuple[list[Inbound], float]:
-        """What goes back to Step 4 (failed claims already released) and the wait before it.
+        """What goes back to Step 4 (failed claims already let go) and the wait before it.
 
         Past ``max_retries`` a failed message is dead-lettered. A BUSY one is claimed again
         with a growing backoff (``retry_backoff_s`` doubling, capped by the other owner's
@@ -324,19 +299,17 @@ class BatchProcessor:
         return retry, min(waits, default=0.0)
 
     def finish(self, batch: Batch, retry: list[Inbound], wait_s: float) -> None:
-        """Steps 4-7 again, one round trip each, until nothing of ``batch`` is left to retry."""
+        """Steps 4-7 again, one claim pass and two round trips each, until nothing of
+        ``batch`` is left to retry."""
         while retry:
             if wait_s > 0:
                 time.sleep(wait_s)
             batch.items = retry
-            [claimed] = self._dedup.run([self._dedup.prepare_claim(batch.claims())],
-                                        "claiming a batch")
+            [claimed] = self.send([self.claim_call(batch)])()
             self.sort(batch, claimed)
             ok, failed = self.handle(batch.items)
-            [outcomes] = self._dedup.run([self.prepare_done(ok)], "marking a batch done")
-            failed += self.settle_done(ok, outcomes)
-            if failed:
-                self._dedup.release(self.let_go(failed))
+            [report] = self.send([self.done_call(batch, ok)])()
+            failed += self.settle_done(batch, ok, report)
             retry, wait_s = self.plan(failed, batch, handled_any=bool(ok))
 
     def _expired(self, msg: Message, envelope: Envelope) -> None:

@@ -2,50 +2,45 @@
 
 Per batch (:meth:`GuardedConsumer.poll_once`; the steps' work lives in :mod:`eoguard.consumer.batch`):
 
-  Step 1. Consume up to ``batch_size`` records (without waiting while a batch is in hand).
+  Step 1. Consume up to ``batch_size`` records: wait for the first one only, then take what is
+          already fetched (a lone message never waits for a full batch or a poll timeout).
   Step 2. Decode envelope and payload; a malformed record goes to the dead-letter topic at once.
   Step 3. Drop expired messages: counted, dead-lettered when configured.
-  Step 4. Claim the batch in Redis: one script call (per hash slot on a cluster). The owner is
-          the record's source position as this group reads it (scope|group|topic|partition|
-          offset), so a record redelivered to the group re-owns its claim (MINE), or is
-          REDELIVERED when its own done mark landed (its commit, or the done reply, was lost).
-  Step 5. Run the handler on NEW / MINE / TAKEN_OVER; DONE is a duplicate and is skipped, as
-          is REDELIVERED; PARTIAL (our own earlier attempt left effects half applied) is
-          dead-lettered.
-  Step 6. Produce the handlers' outputs (acks=all); then mark done, fenced, with the Redis
-          effects in the same script, and acknowledge the senders' outbox records.
-  Step 7. A failed message releases its claim and goes back to Step 4 after a backoff; past
-          ``max_retries`` it is dead-lettered. A BUSY claim (another owner, live lease) goes
-          back to Step 4 too, with a growing backoff bounded by that lease, until
-          ``busy_wait_s``; then it is skipped: its owner's record is uncommitted elsewhere
-          and gets handled or re-owned there.
+  Step 4. Claim the batch in Redis under a token of its own: one script call (per hash slot
+          on a cluster), one key written per message. A claim's position is the record as
+          this group reads it (group, topic, partition, offset), so a record read again by
+          the group re-owns its claim (MINE), or is DONE_HERE when its batch is done (its
+          commit was lost).
+  Step 5. Run the handler on NEW and MINE; a DUPLICATE is skipped, as is DONE_HERE; PARTIAL
+          (our own earlier attempt left effects half applied) is dead-lettered.
+  Step 6. Produce the handlers' outputs (acks=all); then, in one script call, apply each
+          handled message's Redis effects (only where the claim still names the token), let
+          go of the batch's other claims and mark the batch done; acknowledge the senders'
+          outbox records in the same round trip.
+  Step 7. A failed message goes back to Step 4 under a new token after a backoff; past
+          ``max_retries`` it is dead-lettered. A BUSY claim (held at another position under a
+          live lease) goes back to Step 4 too, with a growing backoff bounded by that lease,
+          until ``busy_wait_s``; then it is skipped: its holder's record is uncommitted
+          elsewhere and gets handled or re-owned there.
   Step 8. Flush the dead letters, store the offsets, commit.
 
-Redis works while the consumer does (:mod:`eoguard.consumer.pipeline`): each poll consumes and
-decodes a batch, handles the oldest batch claimed, and sends one round trip: that batch's done
-marks (Step 6), then the claims of the batches decoded since (Step 4). It is read two polls
-later (Steps 7-8 for the batch, its claimed batches queued to be handled), so Redis always has
-a round trip queued while it answers one, and a poll seldom waits (the liveness heartbeat rides
-every ``lease_s / 3``). Offsets are stored in consume order, only once a batch's done marks are
-confirmed: two polls later, at an idle poll, or at ``close()``. A batch with failed or BUSY
-messages lands its done marks at once and finishes Step 7 before the poll returns; a refused
-done mark (rare) is retried when it lands, after the next batches were handled. Since the next
-batches' claims went out before this batch's done marks, a copy of a message of the batch being
-handled is BUSY (held by this consumer) and is claimed again, DONE, once those done marks land.
-Every claim is renewed every ``lease_s / 3`` by a :class:`~eoguard.consumer.lease.LeaseKeeper`
-thread from when it is sent until it is marked done or released, so a slow batch, and the
-batches read ahead behind it, keep their claims; a claim lost anyway (the process stalled past
-its lease) is reported by the done mark (fenced, never doubled).
+Redis works while the consumer does: :mod:`eoguard.consumer.pipeline` sends each batch's
+claims as soon as it is decoded and reads them two polls later, and a batch's done marks
+travel with the claims of the batches decoded since; its module docstring has the timeline.
+Offsets are stored in consume order, only once a batch's done marks are confirmed. The lease
+is the batch's: :class:`~eoguard.consumer.leases.BatchLeases` renews every open batch record
+every ``lease_s / 3`` (one write per batch and shard), from when its claims are sent until
+its done marks are.
 
 Redis (or Kafka, for outputs and dead letters) failing in Steps 4-8: nothing more is committed,
 the partitions are rewound to the first offsets held and re-read after a backoff; what was
-done before the failure is then DONE, what was claimed is MINE. A rewind whose seek failed
+done before the failure is then DONE_HERE, what was claimed is MINE. A rewind whose seek failed
 holds back every record read past it until a retried seek takes (:mod:`eoguard.consumer.rewind`).
 Done marks Redis answered before it failed are counted and committed first. A record may be
-dead-lettered twice. Rebalances run inside Step 1: the flights land first, then the claims held
-on revoked partitions are released, their records forgotten, and what is done is committed; on
-lost partitions (another member may hold the same claims already) the claims are only no
-longer renewed.
+dead-lettered twice. Rebalances run inside Step 1: the round trips land first, then the
+records of the revoked or lost partitions are forgotten (a batch dropped whole is given back:
+its lease ends now; the others let the dropped claims go with their done marks, fenced), and
+what is done is committed.
 """
 
 from __future__ import annotations
@@ -66,12 +61,13 @@ from redis.cluster import RedisCluster
 
 from eoguard.codec import EnvelopeCodec, PayloadCodec, SchemaRegistry
 from eoguard.config import ConsumerConfig
-from eoguard.consumer.batch import BatchProcessor, ConsumerStats
+from eoguard.consumer.batch import BatchProcessor
 from eoguard.consumer.dead_letter import DeadLetterRouter
 from eoguard.consumer.handler import BatchHandler, ContextEnv, Handler
-from eoguard.consumer.lease import LeaseKeeper
+from eoguard.consumer.leases import BatchLeases
 from eoguard.consumer.pipeline import Pipeline
 from eoguard.consumer.rewind import Rewinds
+from eoguard.consumer.state import ConsumerStats
 from eoguard.errors import BrokerError, ConfigError, ConsumerClosedError, StoreError, UnavailableError
 from eoguard.kafka.consumer import KafkaConsumer, Partition
 from eoguard.kafka.sink import DeliverySink
@@ -108,15 +104,14 @@ class GuardedConsumer:
             f"{config.scope}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}")
         env = ContextEnv(config.scope, config.keyspace, isinstance(self._redis, RedisCluster),
                          self.instance_id, EnvelopeCodec(registry), PayloadCodec(registry))
-        self._leases = LeaseKeeper(self._dedup, interval_s=config.lease_s / 3,
+        self._leases = BatchLeases(self._dedup, interval_s=config.lease_s / 3,
                                    max_hold_s=config.max_poll_interval_s)
         self._batch = BatchProcessor(config, dedup=self._dedup, outbox=self._outbox,
                                      sink=self._sink, dead=self._dead, env=env,
-                                     leases=self._leases, handler=handler,
+                                     leases=self._leases, send=self._send, handler=handler,
                                      batch_handler=batch_handler)
         self._stats = self._batch.stats
-        self._pipe = Pipeline(self._batch, self._dedup, self._dead, send=self._send,
-                              commit=self._commit)
+        self._pipe = Pipeline(self._batch, self._dead, commit=self._commit)
         self._callback_error: Exception | None = None  # raised by the next _consume
         self._orphans: list[Message] = []  # consumed when that error was raised
         self._outage_s = 0.0
@@ -172,7 +167,7 @@ class GuardedConsumer:
         in_flight = sum(len(batch.items) for batch in self._pipe.held())
         return replace(self._stats, claim_round_trips=self._dedup.round_trips,
                        in_flight=in_flight, dead_lettered=self._dead.routed,
-                       lease_renewals=self._leases.renewals, leases_lost=self._leases.lost)
+                       lease_renewals=self._leases.renewals)
 
     def close(self) -> None:
         """Give back the claims held, leave the group (committing what is done), free the
@@ -206,7 +201,12 @@ class GuardedConsumer:
 
     # The pipeline ------------------------------------------------------------------------
     def _consume(self, timeout_s: float) -> list[Message]:
-        msgs = self._kafka.consume(self.config.batch_size, timeout_s)
+        # Wait for one record at most, then take what is fetched already: consume(n, t) would
+        # wait the whole timeout for n records, and a trickle would wait with it.
+        size = self.config.batch_size
+        msgs = self._kafka.consume(1, timeout_s) if timeout_s > 0 else []
+        if size > len(msgs) and (msgs or timeout_s <= 0):
+            msgs += self._kafka.consume(size - len(msgs), 0.0)
         if self._rewinds:
             msgs = self._rewinds.admit(msgs)
         self._stats.polled += len(msgs)
@@ -269,7 +269,7 @@ class GuardedConsumer:
         """Redis or Kafka failed: commit nothing more, re-read what is held after a backoff."""
         self._stats.store_outages += 1
         # Done marks Redis answered before it failed are counted and committed, not re-read;
-        # the rest is re-read (REDELIVERED or MINE then).
+        # the rest is re-read (DONE_HERE or MINE then).
         with contextlib.suppress(UnavailableError):
             self._pipe.land_all()
         msgs = [m for b in self._pipe.held() for m in b.msgs] + raw + self._orphans
@@ -286,27 +286,31 @@ class GuardedConsumer:
 
     def _abandon(self) -> None:
         """Forget every batch held, flights read and dropped: what was claimed is MINE and
-        what was done is REDELIVERED when it is read again."""
+        what was done is DONE_HERE when it is read again."""
         self._pipe.abandon()
         self._orphans = []
         self._leases.drop_all()
 
-    def _drop_held(self, partitions: set[Partition] | None, *, release: bool = True) -> None:
-        """Land the flights, then forget the records held of ``partitions`` (None: all) and
-        release their claims (unless ``release`` is false: they stop being renewed and lapse)."""
+    def _drop_held(self, partitions: set[Partition] | None) -> None:
+        """Land the round trips, then forget the records held of ``partitions`` (None: all).
+
+        A batch dropped whole is given back (its lease ends now: one write per batch and
+        shard); one keeping other records lets the dropped claims go with its done marks.
+        """
         self._pipe.land_all()  # the claims sent are held now, the done marks committed
-        held = self._pipe.drop(partitions)
+        dropped = self._pipe.drop(partitions)
         if partitions is not None:
             self._rewinds.forget(partitions)
-        if not held:
+        if not dropped:
             return
-        claims = self._batch.let_go(held)
-        if not release:
-            return
+        self._leases.drop(*(batch.token for batch in dropped))
+        records = [record for batch in dropped
+                   for record in self._dedup.records(batch.token, [i.claim for i in batch.claimed])]
         try:
-            self._dedup.release(claims)
+            self._dedup.give_back(records)
         except StoreError as exc:
-            log.warning("could not release %d claims (their lease will lapse): %s", len(held), exc)
+            log.warning("could not give back %d batches (their leases will lapse): %s",
+                        len(dropped), exc)
 
     def _forget(self, partitions: set[Partition], exc: Exception) -> None:
         """A rebalance hook could not land the flights: drop the records of ``partitions``
@@ -333,10 +337,10 @@ class GuardedConsumer:
             self._unconfirmed = False
 
     def _on_lost(self, partitions: list[Partition]) -> None:
-        # Lost (session timeout): another member of the group may already read them, with
-        # the same owner tokens, and hold these very claims as MINE: releasing would delete
-        # its claims. Ours just stop being renewed.
+        # Lost (session timeout): another member of the group may already read them and hold
+        # these very records as MINE, under its own token: what we give back or let go is
+        # fenced by our token, so it never touches its claims.
         try:
-            self._drop_held(set(partitions), release=False)
+            self._drop_held(set(partitions))
         except UnavailableError as exc:
             self._forget(set(partitions), exc)

@@ -1,15 +1,32 @@
 """The consumer's batches between consume and commit, with their Redis round trips in flight.
 
-Redis works while the consumer does: each round trip (a *flight*) is read (it *lands*)
-``FLIGHTS_OUT`` polls after it was sent, when its answer is needed: claims before their batch
-is handled, done marks before their batch's offsets are committed. Two flights are out at a
-time, so Redis has the next one queued while it answers the other (with one, the consumer
-waited on Redis for ~19% of its time in ``bench.bench_consumer``, on two cores shared with
-Redis and the broker). Every flight has a connection of its own
+Redis works while the consumer does: each round trip (a :class:`RoundTrip`) is read (it
+*lands*) ``FLIGHTS_OUT`` polls after it was sent, when its answer is needed: claims before
+their batch is handled, done marks before their batch's offsets are committed. Two round
+trips are out at a time, so Redis has the next one queued while it answers the other (with
+one, the consumer waited on Redis for ~19% of its time in ``bench.bench_consumer``, on two
+cores shared with Redis and the broker). Every round trip has a connection of its own
 (:meth:`eoguard.store.dedup.DedupStore.send`), so one waiting does not hold up another.
 
-A batch goes decoded -> claims in flight -> claimed (to handle) -> done marks in flight ->
-committed; batches are committed in consume order.
+The timeline of a batch B decoded at poll k, in the steady state (each poll handles one
+batch and sends one round trip; a run of reads starts by claiming what it read at once):
+
+    ========  ==============================================================  ============
+    poll      what happens to B                                               B's stage
+    ========  ==============================================================  ============
+    k         consumed and decoded (Steps 1-3); its claims sent, under a      CLAIMING
+              token of its own, in the round trip of the batch handled at k
+    k+2       its claims land (what is ours kept, BUSY set aside)             CLAIMED
+    k+3       handled (Steps 5-6); its done marks sent, after the claims of   MARKING
+              the batches decoded since, in one round trip
+    k+5       its done marks land; retries and BUSY waits finish at once      COMMITTED
+              (Step 7: their own round trips); dead letters flushed, offsets
+              stored and committed in consume order (Step 8)
+    ========  ==============================================================  ============
+
+A batch with messages to retry, or BUSY ones, lands its done marks in the poll that handled
+it. When no more records come, the pipeline lands what is in flight at the next poll, so a
+lone message is handled in the poll that read it and committed in the next.
 """
 
 from __future__ import annotations
@@ -17,50 +34,63 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from confluent_kafka import Message
 
-from eoguard.consumer.batch import Batch, BatchProcessor
+from eoguard.consumer.batch import BatchProcessor, Send
 from eoguard.consumer.dead_letter import DeadLetterRouter
 from eoguard.consumer.handler import Inbound
+from eoguard.consumer.state import Batch, BatchStage
 from eoguard.errors import StoreError
 from eoguard.kafka.consumer import Partition
-from eoguard.store.dedup import DedupStore
+from eoguard.store.dedup import ClaimReport, DoneReport
 from eoguard.store.scripts import Prepared
 
-__all__ = ["FLIGHTS_OUT", "Flight", "Pipeline", "Send"]
+__all__ = ["FLIGHTS_OUT", "Landed", "Pipeline", "RoundTrip", "Send"]
 
 FLIGHTS_OUT = 2
 """Round trips sent and not read yet, in the steady state."""
 
-Send = Callable[[list[Prepared[Any]]], Callable[[], list[Any]]]
-"""Sends prepared calls in one round trip; the function returned reads their parsed replies."""
+class Landed(NamedTuple):
+    """A round trip's replies, by part: each claimed batch with its claim report, and the
+    done report of the batch it marked (None when it marked none)."""
+
+    claimed: list[tuple[Batch, ClaimReport]]
+    done: DoneReport | None
 
 
-class Flight:
-    """One round trip sent: the done marks of ``done`` (its ``ok`` messages; its ``failed``
-    ones released), then the claims of the batches in ``claims``; either part may be empty."""
+class RoundTrip:
+    """One round trip to Redis: the claims of the batches in ``claims``, then the done marks
+    of ``done`` (its ``ok`` messages handled, its other claims let go); either may be empty."""
 
     __slots__ = ("_read", "_tried", "claims", "done", "failed", "ok")
 
-    def __init__(self, read: Callable[[], list[Any]], *, done: Batch | None = None,
-                 ok: Sequence[Inbound] = (), failed: Sequence[Inbound] = (),
-                 claims: Sequence[Batch] = ()) -> None:
-        self.done = done
-        self.ok = list(ok)
-        self.failed = list(failed)
+    def __init__(self, batches: BatchProcessor, send: Send, *, claims: Sequence[Batch] = (),
+                 done: Batch | None = None, ok: Sequence[Inbound] = (),
+                 failed: Sequence[Inbound] = ()) -> None:
         self.claims = list(claims)
-        self._read = read
+        self.done, self.ok, self.failed = done, list(ok), list(failed)
+        prepared: list[Prepared[Any]] = [batches.claim_call(batch) for batch in self.claims]
+        if done is not None:
+            prepared.append(batches.done_call(done, self.ok))
+        self._read = send(prepared)  # may raise: then no batch moved on
+        for batch in self.claims:
+            batch.advance(BatchStage.CLAIMING)
+        if done is not None:
+            done.advance(BatchStage.MARKING)
         self._tried = False
 
-    def land(self) -> list[Any]:
-        """The parsed replies (read once); raises as :meth:`InFlight.wait` does, and
+    def land(self) -> Landed:
+        """The replies, by part (read once); raises as :meth:`InFlight.wait` does, and
         StoreError when its landing failed before (its batches are to be re-read)."""
         if self._tried:
             raise StoreError("a round trip failed while it landed; its batches are re-read")
         self._tried = True
-        return self._read()
+        replies = self._read()
+        reports: list[ClaimReport] = replies[:len(self.claims)]
+        done: DoneReport | None = replies[len(self.claims)] if self.done is not None else None
+        return Landed(list(zip(self.claims, reports, strict=True)), done)
 
     def abandon(self) -> None:
         """Read and drop the replies, if not read yet, so the connection goes back (a rewind
@@ -73,20 +103,17 @@ class Flight:
 class Pipeline:
     """Batches consumed and not committed yet: Steps 4-8 of the consumer loop, overlapped.
 
-    One round trip per batch handled: its done marks, then the claims of the batches decoded
-    since the last one. It lands ``FLIGHTS_OUT`` polls later, so a batch decoded at poll k is
-    claimed at k + 2 and handled at k + 3, and its done marks land at k + 5: the pipeline holds
-    the batch being handled, one claimed in reserve, ``FLIGHTS_OUT`` whose claims are in flight
-    and the one just decoded (:meth:`wants_more` until it does), and ``FLIGHTS_OUT`` whose done
-    marks are in flight.
+    The pipeline holds the batch being handled, one claimed in reserve, those whose claims
+    are in flight and the one just decoded (:meth:`wants_more` until enough are ahead), and
+    ``FLIGHTS_OUT`` whose done marks are in flight (the module docstring has the timeline).
     """
 
-    def __init__(self, batches: BatchProcessor, dedup: DedupStore, dead: DeadLetterRouter, *,
-                 send: Send, commit: Callable[[dict[Partition, int]], None]) -> None:
-        self._batches, self._dedup, self._dead = batches, dedup, dead
-        self._send, self._commit = send, commit
+    def __init__(self, batches: BatchProcessor, dead: DeadLetterRouter, *,
+                 commit: Callable[[dict[Partition, int]], None]) -> None:
+        self._batches, self._dead = batches, dead
+        self._send, self._commit = batches.send, commit
         self._decoded: list[Batch] = []  # claims not sent yet
-        self._flights: deque[Flight] = deque()  # in send order
+        self._flights: deque[RoundTrip] = deque()  # in send order
         self._claimed: deque[Batch] = deque()  # claims read: handled next, in order
 
     @property
@@ -111,35 +138,29 @@ class Pipeline:
             self._decoded.append(self._batches.decode(raw))
 
     def next_batch(self) -> Batch | None:
-        """The oldest claimed batch, landing flights as needed; None when nothing is left."""
+        """The oldest claimed batch, landing round trips as needed; None when nothing is left."""
         while not self._claimed:
             if self._flights:
                 self._land()
-            elif self._decoded:  # a run starts: claim all but the newest now, on their own
-                first = self._decoded[:-1] or self._decoded[:]
-                flight = Flight(self._send(self._claim_calls(first)), claims=first)
-                self._batches.sent(first)
-                del self._decoded[:len(first)]  # once sent: a failed send leaves them here
-                self._flights.append(flight)
+            elif self._decoded:  # a run starts: claim what was read, on its own
+                self._flights.append(RoundTrip(self._batches, self._send, claims=self._decoded))
+                self._decoded = []  # once sent: a failed send leaves them here
             else:
                 return None
         return self._claimed[0]
 
     def handle(self, batch: Batch) -> None:
-        """Steps 5-6 for the batch :meth:`next_batch` gave, and one round trip: its done marks
-        and the claims of the batches decoded since; it lands ``FLIGHTS_OUT`` polls later,
-        unless this batch has messages to retry (Step 7 needs them now)."""
+        """Steps 5-6 for the batch :meth:`next_batch` gave, and one round trip: the claims of
+        the batches decoded since, then its done marks; it lands ``FLIGHTS_OUT`` polls later,
+        unless this batch has messages to retry (Step 7 needs them now).
+
+        The claims go first: a copy, in those batches, of a message this batch handled finds
+        it held (BUSY) and is claimed again once this batch's done marks land (a DUPLICATE
+        then), instead of a copy of a failed message taking it over from under its retry.
+        """
         ok, failed = self._batches.handle(batch.items)  # Steps 5 and 6 (outputs).
-        claims = self._decoded
-        # The claims go before the release: a copy of a failed message in the batches claimed
-        # finds it still held by us (BUSY, claimed again later) instead of taking it, which
-        # would leave the failed message's retries waiting on that copy.
-        prepared: list[Prepared[Any]] = [self._batches.prepare_done(ok),
-                                         *self._claim_calls(claims)]
-        if failed:
-            prepared.append(self._dedup.prepare_release(self._batches.let_go(failed)))
-        flight = Flight(self._send(prepared), done=batch, ok=ok, failed=failed, claims=claims)
-        self._batches.sent(claims)
+        flight = RoundTrip(self._batches, self._send, claims=self._decoded, done=batch, ok=ok,
+                           failed=failed)
         self._decoded = []  # once sent: a failed send leaves every batch where it was
         self._flights.append(flight)
         self._claimed.popleft()
@@ -148,60 +169,62 @@ class Pipeline:
             self._land()
 
     def land_all(self) -> None:
-        """Land every flight: the claims sent are then held, the done marks committed."""
+        """Land every round trip: the claims sent are then held, the done marks committed."""
         while self._flights:
             self._land()
 
-    def drop(self, partitions: set[Partition] | None) -> list[Inbound]:
+    def drop(self, partitions: set[Partition] | None) -> list[Batch]:
         """Forget the records of ``partitions`` (None: all) not in flight; returns the claimed
-        items among them, whose claims the caller releases or lets lapse. Land first."""
-        held: list[Inbound] = []
-        for batch in self._claimed:
-            held += batch.items if partitions is None else batch.drop(partitions)
-        for batch in self._decoded:  # nothing claimed yet
+        batches dropped whole, whose claims the caller gives back (a batch keeping records of
+        other partitions lets the dropped ones go with its done marks). Land first."""
+        dropped: list[Batch] = []
+        for batch in [*self._claimed, *self._decoded]:
             if partitions is not None:
                 batch.drop(partitions)
-        if partitions is None:
-            self._claimed.clear()
-            self._decoded.clear()
-        return held
+            if partitions is None or not batch.ends:  # nothing of it is left to commit
+                if batch.stage is BatchStage.CLAIMED:
+                    dropped.append(batch)
+                batch.advance(BatchStage.DROPPED)
+        self._claimed = deque(b for b in self._claimed if b.stage is not BatchStage.DROPPED)
+        self._decoded = [b for b in self._decoded if b.stage is not BatchStage.DROPPED]
+        return dropped
 
     def forget(self, partitions: set[Partition]) -> None:
         """Drop the records of ``partitions`` from every batch, in flight or not (a rebalance
-        hook that could not land the flights): their claims lapse."""
+        hook that could not land the round trips): their claims lapse, or are let go by
+        their batch's done marks."""
         for batch in self.held():
-            self._batches.let_go(batch.drop(partitions))
+            batch.drop(partitions)
 
     def abandon(self) -> None:
-        """Forget every batch: flights read and dropped (what was claimed is MINE, what was
-        done is REDELIVERED when read again)."""
+        """Forget every batch: round trips read and dropped (what was claimed is MINE, what
+        was done is DONE_HERE when read again)."""
         for flight in self._flights:
             flight.abandon()
+        for batch in self.held():
+            batch.advance(BatchStage.DROPPED)
         self._flights.clear()
         self._claimed.clear()
         self._decoded.clear()
 
-    def _claim_calls(self, batches: list[Batch]) -> list[Prepared[Any]]:
-        return [self._dedup.prepare_claim(batch.claims()) for batch in batches]
-
     def _land(self) -> None:
-        """Read the oldest flight: its claimed batches queue up to be handled; Steps 7 and 8
-        for its done batch."""
+        """Read the oldest round trip: its claimed batches queue up to be handled; Steps 7
+        and 8 for the batch it marked done."""
         flight = self._flights[0]
-        replies = flight.land()  # [done report], claim reports..., [release results]
+        landed = flight.land()
         batches, done = self._batches, flight.done
-        first = 0 if done is None else 1
-        for report in replies[first:first + len(flight.claims)]:
-            batches.sort(flight.claims[0], report)
-            self._claimed.append(flight.claims.pop(0))  # held as claimed now
-        if done is not None:
-            refused = batches.settle_done(flight.ok, replies[0])
-            if refused:  # rare: effects refused, or the claim vanished
-                self._dedup.release(batches.let_go(refused))
+        for batch, report in landed.claimed:
+            batches.sort(batch, report)
+            batch.advance(BatchStage.CLAIMED)
+            self._claimed.append(batch)  # held as claimed now
+        flight.claims = []
+        if done is not None and landed.done is not None:
+            again = batches.settle_done(done, flight.ok, landed.done)
             # handled_any: the done marks of the batches before this one have landed, so a
-            # BUSY copy of one of their messages is DONE now and is claimed again at once.
-            retry, wait_s = batches.plan(flight.failed + refused, done, handled_any=True)
-            batches.finish(done, retry, wait_s)  # Step 7, one round trip per retry round.
+            # BUSY copy of one of their messages is done now and is claimed again at once.
+            retry, wait_s = batches.plan(flight.failed + again, done, handled_any=True)
+            batches.finish(done, retry, wait_s)  # Step 7, its own round trips per retry round.
             self._dead.flush()  # Step 8.
             self._commit(done.ends)
+            done.advance(BatchStage.COMMITTED)
         self._flights.popleft()

@@ -83,16 +83,16 @@ def run_producer(args: argparse.Namespace) -> int:
     raw = confluent_kafka.Producer({"bootstrap.servers": args.bootstrap, "acks": "all",
                                     "enable.idempotence": True, "linger.ms": 5})
     outbox = Outbox(config.redis.connect(), keys)
-    duplicates: list[SendHandle] = []
-
-    def duplicate_guaranteed(final: bool) -> None:
-        # The same envelope bytes again, as an application that retries a send would.
-        for handle in [h for h in duplicates if h.guaranteed or final]:
-            duplicates.remove(handle)
-            rec = outbox.get(handle.id) if handle.guaranteed else None
-            if rec is None:  # consumed (and acked) already, or never guaranteed
-                continue
-            raw.produce(rec.topic, rec.value, rec.key, on_delivery=_ledger_delivery(ledger, handle.id))
+    def duplicate(handle: SendHandle) -> None:
+        # The same envelope bytes again, as an application that retries a send would. Read
+        # from the outbox right when the message is guaranteed (persist-first: written to
+        # Redis first), before a consumer can have acknowledged it and deleted the record.
+        if not handle.wait(10.0):
+            return
+        rec = outbox.get(handle.id)
+        if rec is None:  # consumed (and acked) already
+            return
+        raw.produce(rec.topic, rec.value, rec.key, on_delivery=_ledger_delivery(ledger, handle.id))
         raw.poll(0)
 
     started = time.monotonic()
@@ -104,11 +104,8 @@ def run_producer(args: argparse.Namespace) -> int:
                                ttl_s=args.ttl_s, schema=ORDER_SCHEMA)
         ledger.write(f"S {seq} {handle.id}")
         if args.duplicate_every and seq % args.duplicate_every == args.duplicate_every // 2:
-            duplicates.append(handle)
-        if i % 200 == 0:
-            duplicate_guaranteed(final=False)
+            duplicate(handle)
     producer.flush(30.0)
-    duplicate_guaranteed(final=True)
     # A recovering producer: take over what a crashed one left once its lease has lapsed.
     wait_s = args.recover_after_s - (time.monotonic() - started)
     if wait_s > 0:

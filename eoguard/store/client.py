@@ -20,6 +20,9 @@ class RedisClient(Protocol):
 
     def script_load(self, script: Any) -> Any: ...
 
+    def scan_iter(self, match: Any = None, count: Any = None, _type: Any = None,
+                  **kwargs: Any) -> Any: ...
+
     def close(self) -> None: ...
 
 

@@ -1,22 +1,29 @@
-"""The dedup store: per (scope, message id) claims in Redis, claimed -> done, fenced.
+"""The dedup store (v2): claims under a batch's token; the lease and the done mark are the batch's.
 
-A dedup key goes absent -> ``claimed(owner, lease_deadline)`` -> ``done`` (DESIGN.md §4). The
-owner token is the record's source position (scope, topic, partition, offset), so a redelivery
-of the same record re-owns its claim while a true duplicate (another offset) is skipped, waited
-on or taken over. Every operation is one Lua call per batch (per hash slot on Redis Cluster);
-a batch's calls go out pipelined in one round trip. Keys expire at ``expires_at`` + grace.
+A claim key per (scope, message id) names the claim pass that took it (its *token*) and the
+record's *position* as its reader sees it (:func:`position`); a batch record per (scope,
+token, shard) holds the lease deadline, then the done mark (DESIGN.md §4). The hot path writes
+one key per message plus one per batch and shard: a handled message's done mark is its
+batch's. Fencing stays per key: settling a batch touches only the claims still naming its
+token. Every operation is one Lua call per batch (per hash slot on Redis Cluster); a batch's
+calls go out pipelined in one round trip. Claim keys expire at ``expires_at`` + grace (never
+past ``max_ttl`` + grace from now); a batch record outlives the claims it covers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import secrets
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from redis.cluster import RedisCluster
 
-from eoguard.errors import ClaimNotOwnedError, StoreError
+from eoguard.errors import ClaimNotOwnedError, InvalidInputError, StoreError
 from eoguard.store.client import RedisClient
+from eoguard.store.dedup_admin import read_entries, read_records
 from eoguard.store.dedup_types import (
+    BatchRecord,
+    BatchState,
     Claim,
     ClaimOutcome,
     ClaimReport,
@@ -27,14 +34,19 @@ from eoguard.store.dedup_types import (
     DoneReport,
     DoneResult,
     Effect,
+    IdState,
+    Position,
     ReleaseResult,
     RenewResult,
-    owner_token,
+    parse_position,
+    position,
 )
 from eoguard.store.keys import KeySpace
 from eoguard.store.scripts import InFlight, Prepared, ScriptArg, ScriptCall, Scripts
 
 __all__ = [
+    "BatchRecord",
+    "BatchState",
     "Claim",
     "ClaimOutcome",
     "ClaimReport",
@@ -46,11 +58,13 @@ __all__ = [
     "DoneReport",
     "DoneResult",
     "Effect",
+    "IdState",
+    "Position",
+    "RecordKey",
     "ReleaseResult",
     "RenewResult",
-    "owner_token",
-    "read_entries",
-    "scan_entries",
+    "parse_position",
+    "position",
 ]
 
 _CLAIM = tuple(ClaimResult)  # by code: enum lookups by value are slow on the hot path
@@ -58,20 +72,23 @@ _DONE = tuple(DoneResult)
 _RELEASE = tuple(ReleaseResult)
 _RENEW = tuple(RenewResult)
 _BUSY_CODE = 48 + ClaimResult.BUSY.value  # as the scripts write it: an ASCII digit
-_EFFECT_ERROR_CODE = 48 + DoneResult.EFFECT_ERROR.value
+_WITH_REASON = (48 + DoneResult.EFFECT_ERROR.value, 48 + DoneResult.PARTIAL.value)
+_OK = DoneResult.OK
 
 T = TypeVar("T")
+RecordKey = tuple[int, str]
+"""A batch record: its shard and its key (renewals group records by hash slot)."""
 Groups = dict[int, tuple[list[int], list[str]]]
-"""Claims by script call: shard (or 0) -> (their indexes in the batch, their dedup keys)."""
+"""Claims by shard: shard -> (their indexes in the batch, their claim keys)."""
 
 
 class DedupStore:
-    """Claims, done marks and releases of one consumer scope."""
+    """Claims, done marks, leases and releases of one consumer scope."""
 
     def __init__(self, client: RedisClient, *, scope: str, keys: KeySpace | None = None,
                  lease_ms: int = 30_000, grace_ms: int = 60_000) -> None:
-        if not scope or "|" in scope:
-            raise StoreError(f"scope {scope!r} must be non-empty and without '|'")
+        if not scope or any(c in scope for c in "|{}"):
+            raise StoreError(f"scope {scope!r} must be non-empty, without '|', '{{', '}}'")
         self.client = client
         self.scope = scope
         self.keys = keys or KeySpace()
@@ -79,148 +96,276 @@ class DedupStore:
         self.grace_ms = grace_ms
         self._scripts = Scripts(client)
         self._key_prefixes = self.keys.dedup_prefixes(scope)
+        self._record_prefixes = tuple(self.keys.dedup_batch_prefix(scope, shard)
+                                      for shard in range(self.keys.shards))
+        self._reowned_prefixes = tuple(self.keys.dedup_reowned_prefix(scope, shard)
+                                       for shard in range(self.keys.shards))
         # A script may touch keys of several hash slots on a single node, not on a cluster.
         self._one_call = not isinstance(client, RedisCluster)
         self.round_trips = 0
 
+    @staticmethod
+    def new_token() -> str:
+        """A fresh token for one claim pass (a consumer batch, a retry round)."""
+        return secrets.token_hex(8)
+
     def key(self, message_id: str) -> str:
         return self.keys.dedup(self.scope, message_id)
 
-    def new_claim(self, message_id: str, owner: str, expires_at_ms: int) -> Claim:
-        """A claim of this scope with its dedup key located (used at claim, done, release)."""
-        return Claim(message_id, owner, expires_at_ms, *self._locate(message_id))
+    def new_claim(self, message_id: str, where: str, expires_at_ms: int) -> Claim:
+        """A claim of this scope at position ``where``, its claim key located once."""
+        shard = self.keys.shard_of(message_id)
+        return Claim(message_id, where, expires_at_ms, shard, self._key_prefixes[shard] + message_id)
 
     def effect_key(self, message_id: str, name: str) -> str:
-        """An effect key in the hash slot of ``message_id``'s dedup key (see KeySpace.effect)."""
+        """An effect key in the hash slot of ``message_id``'s claim key (see KeySpace.effect)."""
         return self.keys.effect(self.scope, message_id, name)
 
-    # Claim -----------------------------------------------------------------
-    def claim(self, claims: Sequence[Claim]) -> list[ClaimOutcome]:
-        """Claim a batch: one script call per hash slot, all in one round trip; input order."""
-        return self._run(self.prepare_claim(claims), "claiming a batch").outcomes(claims)
+    def records(self, token: str, claims: Sequence[Claim]) -> list[RecordKey]:
+        """The batch records a claim pass under ``token`` writes for ``claims``."""
+        shards = sorted({claim[3] if claim[3] >= 0 else self.keys.shard_of(claim[0])
+                         for claim in claims})
+        return [(shard, self._record_prefixes[shard] + token) for shard in shards]
 
-    def prepare_claim(self, claims: Sequence[Claim]) -> Prepared[ClaimReport]:
-        """The calls of :meth:`claim`, to send with others in one round trip (:meth:`run`)."""
+    # Claim -----------------------------------------------------------------
+    def claim(self, token: str, claims: Sequence[Claim]) -> list[ClaimOutcome]:
+        """Claim a batch under ``token``: one script call (per hash slot on a cluster)."""
+        return self._run(self.prepare_claim(token, claims), "claiming a batch").outcomes(claims)
+
+    def prepare_claim(self, token: str, claims: Sequence[Claim]) -> Prepared[ClaimReport]:
+        """The calls of :meth:`claim`, to send with others in one round trip (:meth:`send`)."""
+        _check_token(token)
         groups = self._group(claims)
         calls = []
-        grace = self.grace_ms
-        for members, keys in groups.values():
-            argv: list[ScriptArg] = [self.lease_ms, grace]
-            for i in members:
-                claim = claims[i]
-                argv += (claim[1], claim[2] + grace)  # owner, the key's PXAT
+        grace, prefixes = self.grace_ms, self._record_prefixes
+        for shards in self._calls(groups):
+            keys = [prefixes[shard] + token for shard in shards]
+            argv: list[ScriptArg] = [token, self.lease_ms, grace, self.keys.max_ttl_ms,
+                                     len(shards)]
+            for shard in shards:
+                argv += (prefixes[shard], self._reowned_prefixes[shard], len(groups[shard][0]))
+            for shard in shards:
+                members, claim_keys = groups[shard]
+                keys += claim_keys
+                for i in members:
+                    claim = claims[i]
+                    argv += (claim[1], claim[2] + grace)  # position, the key's PXAT
             calls.append(ScriptCall("dedup_claim", keys, argv))
+        order = self._order(groups)
 
         def parse(replies: list[Any]) -> ClaimReport:
             results: list[Any] = [None] * len(claims)
             lease_ms: dict[int, int] = {}
-            for (members, _), (codes, busy_ms) in zip(groups.values(), replies, strict=True):
+            holders: dict[int, str] = {}
+            at = 0
+            for codes, busy in replies:
+                members = order[at:at + len(codes)]
+                at += len(codes)
                 for i, code in zip(members, codes, strict=True):
                     results[i] = _CLAIM[code - 48]  # ASCII digits
-                if busy_ms:
-                    busy = iter(busy_ms)
+                if busy:  # (lease left, holder) per BUSY claim, in order
+                    pairs = iter(busy)
                     for i, code in zip(members, codes, strict=True):
                         if code == _BUSY_CODE:
-                            lease_ms[i] = int(next(busy))
-            return ClaimReport(results, lease_ms)
+                            lease_ms[i] = int(next(pairs))
+                            holders[i] = next(pairs).decode()
+            return ClaimReport(results, lease_ms, holders)
 
         return Prepared(calls, parse)
 
     # Done ------------------------------------------------------------------
-    def done(self, claims: Sequence[Claim],
+    def done(self, token: str, claims: Sequence[Claim], *,
+             handled: Sequence[bool] | None = None,
              effects: Mapping[str, Sequence[Effect]] | None = None,
-             *, extra: Sequence[ScriptCall] = ()) -> list[DoneOutcome]:
-        """Mark claims done (fenced), applying each message's effects in the same script.
-
-        ``extra`` are more script calls sent in the same round trip, e.g. the outbox
-        acknowledgement; their replies are discarded after error checking. On Redis Cluster
-        every effect key must share its message's dedup hash tag (:meth:`effect_key`).
-        """
-        report = self._run(self.prepare_done(claims, effects, extra=extra), "marking a batch done")
+             extra: Sequence[ScriptCall] = ()) -> list[DoneOutcome]:
+        """Settle a batch's claims and mark it done (see :meth:`prepare_done`)."""
+        report = self._run(self.prepare_done(token, claims, handled=handled, effects=effects,
+                                             extra=extra), "marking a batch done")
         return report.outcomes(claims)
 
-    def prepare_done(self, claims: Sequence[Claim],
+    def prepare_done(self, token: str, claims: Sequence[Claim], *,
+                     handled: Sequence[bool] | None = None,
                      effects: Mapping[str, Sequence[Effect]] | None = None,
-                     *, extra: Sequence[ScriptCall] = ()) -> Prepared[DoneReport]:
-        """The calls of :meth:`done`, to send with others in one round trip (:meth:`run`)."""
+                     extra: Sequence[ScriptCall] = ()) -> Prepared[DoneReport]:
+        """Settle every claim the pass ``token`` made and mark its batch records done.
+
+        ``handled[i]`` false lets claim i go (failed, refused, dropped: deleted if still
+        ours); None means all handled. Each handled message's ``effects`` (by id) apply in
+        the same script, only if its claim still names the token. ``extra`` are more script
+        calls sent in the same round trip (the outbox acknowledgement); their replies are
+        discarded after error checking. On Redis Cluster every effect key must share its
+        message's claim key hash tag (:meth:`effect_key`).
+        """
+        _check_token(token)
         groups = self._group(claims)
         calls: list[ScriptCall] = []
-        for members, dedup_keys in groups.values():
-            if not effects:  # the common case: owners only
-                owners: list[ScriptArg] = [len(members), 0]
-                owners += [claims[i][1] for i in members]
-                calls.append(ScriptCall("dedup_done", dedup_keys, owners))
+        simple_calls: list[bool] = []
+        call_members: list[list[int]] = []  # per call, its claims in the order of its keys
+        for shards in self._calls(groups):
+            members = [i for shard in shards for i in groups[shard][0]]
+            call_members.append(members)
+            simple = handled is None or all(handled[i] for i in members)
+            if simple and effects:
+                simple = not any(effects.get(claims[i][0]) for i in members)
+            latest = [max(claims[i][2] for i in groups[shard][0]) + self.grace_ms
+                      for shard in shards]
+            keys = self._done_keys(token, shards)
+            if simple:  # the common case: every message handled, none with effects
+                calls.append(ScriptCall("dedup_done", keys, [
+                    token, len(shards), 0, *(0 for _ in shards), *latest, 1]))
+                simple_calls.append(True)
                 continue
-            keys = list(dedup_keys)
+            argv: list[ScriptArg] = [token, len(shards), len(members),
+                                     *(len(groups[shard][0]) for shard in shards), *latest, 0]
+            for shard in shards:
+                keys += groups[shard][1]
             index: dict[str, int] = {}
-            argv: list[ScriptArg] = [len(members), 1]
             for i in members:
-                own = effects.get(claims[i].message_id, ())
-                argv += (claims[i].owner, len(own))
+                ok = handled is None or handled[i]
+                own = (effects or {}).get(claims[i][0], ()) if ok else ()
+                argv += (claims[i][1], 1 if ok else 0, len(own))
                 for eff in own:
                     if eff.key not in index:
                         keys.append(eff.key)
                         index[eff.key] = len(keys)
                     argv += (eff.command.upper(), index[eff.key], len(eff.args), *eff.args)
             calls.append(ScriptCall("dedup_done", keys, argv))
+            simple_calls.append(False)
+        count = len(calls)
         calls += extra
 
-        with_reason = (_EFFECT_ERROR_CODE, 48 + DoneResult.PARTIAL.value)
-
         def parse(replies: list[Any]) -> DoneReport:
-            results: list[Any] = [None] * len(claims)
+            results: list[Any] = [_OK] * len(claims)
             details: dict[int, str] = {}
-            for (members, _), (codes, reasons) in zip(groups.values(), replies, strict=False):
+            by_key: dict[bytes, int] | None = None
+            for (codes, reasons, reowned), simple, members in zip(
+                    replies[:count], simple_calls, call_members, strict=True):
+                if simple:  # no code per claim: OK, but for the re-owned keys listed
+                    if reowned:
+                        if by_key is None:
+                            by_key = {claims[i][4].encode() or self.key(claims[i][0]).encode(): i
+                                      for i in range(len(claims))}
+                        pairs = iter(reowned)
+                        for key, code in zip(pairs, pairs, strict=True):
+                            results[by_key[key]] = _DONE[int(code)]
+                    continue
                 for i, code in zip(members, codes, strict=True):
                     results[i] = _DONE[code - 48]
                 if reasons:  # one per EFFECT_ERROR or PARTIAL, in order
                     reason = iter(reasons)
                     for i, code in zip(members, codes, strict=True):
-                        if code in with_reason:
+                        if code in _WITH_REASON:
                             details[i] = next(reason).decode()
             return DoneReport(results, details)
 
         return Prepared(calls, parse)
 
-    # Release ---------------------------------------------------------------
-    def release(self, claims: Sequence[Claim], *, strict: bool = False) -> list[ReleaseResult]:
-        """Give claims back if still ours; ``strict`` raises ClaimNotOwnedError on NOT_OWNED."""
-        results = self._run(self.prepare_release(claims), "releasing claims")
+    def finish(self, token: str, shards: Sequence[int] | None = None) -> None:
+        """Mark the batch records of the pass ``token`` on ``shards`` done (see
+        :meth:`prepare_finish`)."""
+        self._run(self.prepare_finish(token, shards), "marking a batch done")
+
+    def prepare_finish(self, token: str, shards: Sequence[int] | None = None
+                       ) -> Prepared[None]:
+        """Mark done every batch record of the pass ``token`` on ``shards`` (default: every
+        shard), without naming its claims: every claim still naming the token is done.
+
+        For a pass whose claims are spread over many processes (a Spark micro-batch's tasks),
+        sent once everything it claimed is handled; a claim it made but did not handle must be
+        released first (:meth:`release`). ``dedup_done`` with groups of no claims: a record
+        that is absent (nothing claimed on that shard) stays absent, a done one stays done.
+        """
+        _check_token(token)
+        wanted = range(self.keys.shards) if shards is None else sorted(set(shards))
+        groups: Groups = {shard: ([], []) for shard in wanted}
+        calls = [ScriptCall("dedup_done", self._done_keys(token, call_shards),
+                            [token, len(call_shards), 0, *(0 for _ in call_shards),
+                             *(0 for _ in call_shards), 1])
+                 for call_shards in self._calls(groups)]
+        return Prepared(calls, lambda _replies: None)
+
+    def batch_records(self, token: str, shards: Sequence[int] | None = None
+                      ) -> list[BatchRecord | None]:
+        """The batch records of the pass ``token`` on ``shards`` (default: every shard), in
+        shard order, None where there is none: one round trip."""
+        _check_token(token)
+        wanted = range(self.keys.shards) if shards is None else sorted(set(shards))
+        names = [self._record_prefixes[shard] + token for shard in wanted]
+        self.round_trips += 1
+        records = read_records(self._scripts, self.client, names)
+        return [records[name] for name in names]
+
+    # Release, renew, give back ---------------------------------------------
+    def release(self, token: str, claims: Sequence[Claim], *, strict: bool = False
+                ) -> list[ReleaseResult]:
+        """Give back claims of the pass ``token`` if still ours (its other claims go on);
+        ``strict`` raises ClaimNotOwnedError on NOT_OWNED."""
+        results = self._run(self.prepare_release(token, claims), "releasing claims")
         if strict:
             for claim, res in zip(claims, results, strict=True):
                 if res is ReleaseResult.NOT_OWNED:
                     raise ClaimNotOwnedError(
-                        f"claim on {claim.message_id} is not held by {claim.owner}",
-                        message_id=claim.message_id, owner=claim.owner)
+                        f"claim on {claim.message_id} is not held by batch {token}",
+                        message_id=claim.message_id, owner=token)
         return results
 
-    def prepare_release(self, claims: Sequence[Claim]) -> Prepared[list[ReleaseResult]]:
-        """The calls of :meth:`release`, to send with others in one round trip (:meth:`run`)."""
+    def prepare_release(self, token: str, claims: Sequence[Claim]
+                        ) -> Prepared[list[ReleaseResult]]:
+        """The calls of :meth:`release`, to send with others in one round trip."""
+        _check_token(token)
         groups = self._group(claims)
-        calls = [ScriptCall("dedup_release", keys, [claims[i].owner for i in members])
-                 for members, keys in groups.values()]
+        prefixes = self._record_prefixes
+        calls = []
+        for shards in self._calls(groups):
+            keys = [prefixes[shard] + token for shard in shards]
+            for shard in shards:
+                keys += groups[shard][1]
+            calls.append(ScriptCall("dedup_release", keys, [
+                token, len(shards), *(len(groups[shard][0]) for shard in shards)]))
+        order = self._order(groups)
 
         def parse(replies: list[Any]) -> list[ReleaseResult]:
-            return _by_digit(groups, replies, _RELEASE, len(claims))
+            results: list[Any] = [None] * len(claims)
+            codes = b"".join(replies)
+            for i, code in zip(order, codes, strict=True):
+                results[i] = _RELEASE[code - 48]
+            return results
 
         return Prepared(calls, parse)
 
-    def renew(self, claims: Sequence[Claim]) -> list[RenewResult]:
-        """Move the lease of the claims their owner still holds; nothing else is written.
+    def renew(self, records: Sequence[RecordKey], lease_ms: int | None = None
+              ) -> list[RenewResult]:
+        """Move the lease of open batch records to ``lease_ms`` (default: the store's) from
+        now; one write per record. Done and absent records are left as they are."""
+        return self._run(self.prepare_renew(records, lease_ms), "renewing batch leases")
 
-        For claims sent whose answer is not read yet: claiming them again (as a renewal of a
-        claim known to be ours does) could create or take over a key their own answer
-        reports as another owner's, and nobody would hold it then."""
-        groups = self._group(claims)
-        calls = [ScriptCall("dedup_renew", keys,
-                            [self.lease_ms, *(claims[i].owner for i in members)])
-                 for members, keys in groups.values()]
+    def give_back(self, records: Sequence[RecordKey]) -> list[RenewResult]:
+        """End the lease of open batch records now: their open claims are free to take over."""
+        return self.renew(records, 0)
+
+    def prepare_renew(self, records: Sequence[RecordKey], lease_ms: int | None = None
+                      ) -> Prepared[list[RenewResult]]:
+        lease = self.lease_ms if lease_ms is None else lease_ms
+        if self._one_call:
+            batches = [list(range(len(records)))] if records else []
+        else:
+            by_shard: dict[int, list[int]] = {}
+            for i, (shard, _) in enumerate(records):
+                by_shard.setdefault(shard, []).append(i)
+            batches = list(by_shard.values())
+        calls = [ScriptCall("dedup_renew", [records[i][1] for i in members], [lease])
+                 for members in batches]
 
         def parse(replies: list[Any]) -> list[RenewResult]:
-            return _by_digit(groups, replies, _RENEW, len(claims))
+            results: list[Any] = [None] * len(records)
+            for members, codes in zip(batches, replies, strict=True):
+                for i, code in zip(members, codes, strict=True):
+                    results[i] = _RENEW[code - 48]
+            return results
 
-        return self._run(Prepared(calls, parse), "renewing claims")
+        return Prepared(calls, parse)
 
+    # Round trips -----------------------------------------------------------
     def run(self, prepared: Sequence[Prepared[Any]], doing: str = "claiming and marking done"
             ) -> list[Any]:
         """Send prepared calls (of this store or others) in one round trip; parsed replies."""
@@ -235,47 +380,34 @@ class DedupStore:
             self.round_trips += 1
         return self._scripts.send_prepared(prepared, doing=doing)
 
-    # Inspection ------------------------------------------------------------
+    # Inspection (more in :mod:`eoguard.store.dedup_admin`) ------------------
     def check(self, message_id: str) -> DedupEntry | None:
-        """The dedup key of ``message_id`` in this scope, or None when absent."""
-        key = self.key(message_id)
-        pipe: Any = self.client.pipeline(transaction=False)
-        pipe.get(key)
-        pipe.execute_command("PEXPIRETIME", key)
-        self.round_trips += 1
-        value, expire_at = self._scripts.execute(pipe, doing=f"reading dedup key {key}")
-        if value is None:
-            return None
-        text = value.decode() if isinstance(value, bytes) else str(value)
-        state, at_ms, owner = text.split("|", 2)
-        return DedupEntry(message_id=message_id, key=key, state=DedupState(state), owner=owner,
-                          at_ms=int(at_ms), expire_at_ms=int(expire_at))
+        """The claim key of ``message_id`` in this scope with its batch record, or None."""
+        self.round_trips += 2
+        found = read_entries(self.client, self.keys, [self.key(message_id)])
+        return found[0] if found else None
 
     def forget(self, message_id: str) -> bool:
-        """Delete the dedup key of ``message_id`` so this scope handles it again if it comes
+        """Delete the claim key of ``message_id`` so this scope handles it again if it comes
         back (``eoguard dedup forget``); True when there was a key. A consumer still holding
-        the claim finds its done mark ABSENT (nothing applied) and claims and handles it
-        again; if its lease renewal re-created the claim first, its done mark succeeds.
-        Either way a transactional handler's effects apply once."""
+        the claim finds it ABSENT at its done mark (nothing applied) and claims and handles
+        it again. Either way a transactional handler's effects apply once."""
         pipe: Any = self.client.pipeline(transaction=False)
         pipe.delete(self.key(message_id))
         self.round_trips += 1
-        return bool(self._scripts.execute(pipe, doing="deleting a dedup key")[0])
+        return bool(self._scripts.execute(pipe, doing="deleting a claim key")[0])
 
     # Internals -------------------------------------------------------------
-    def _locate(self, message_id: str) -> tuple[int, str]:
-        """The shard and the dedup key of ``message_id`` in this scope."""
-        shard = self.keys.shard_of(message_id)
-        return shard, self._key_prefixes[shard] + message_id
-
     def _group(self, claims: Sequence[Claim]) -> Groups:
-        """The claims by script call: one call per hash slot on a cluster, else one call."""
-        if self._one_call and claims:
-            keys = [claim[4] or self._locate(claim[0])[1] for claim in claims]
-            return {0: (list(range(len(claims))), keys)}
+        """The claims by shard, in order of first appearance."""
         groups: Groups = {}
+        keys, prefixes = self.keys, self._key_prefixes
         for i, claim in enumerate(claims):
-            shard, key = (claim[3], claim[4]) if claim[4] else self._locate(claim[0])
+            if claim[4]:
+                shard, key = claim[3], claim[4]
+            else:
+                shard = keys.shard_of(claim[0])
+                key = prefixes[shard] + claim[0]
             group = groups.get(shard)
             if group is None:
                 groups[shard] = ([i], [key])
@@ -284,6 +416,22 @@ class DedupStore:
                 group[1].append(key)
         return groups
 
+    def _calls(self, groups: Groups) -> list[list[int]]:
+        """The shards of each script call: all in one on a single node, one each on a cluster."""
+        if not groups:
+            return []
+        return [list(groups)] if self._one_call else [[shard] for shard in groups]
+
+    def _done_keys(self, token: str, shards: Sequence[int]) -> list[str]:
+        """The batch records, then the re-owned hashes, of the pass ``token`` on ``shards``."""
+        return [*(self._record_prefixes[shard] + token for shard in shards),
+                *(self._reowned_prefixes[shard] + token for shard in shards)]
+
+    @staticmethod
+    def _order(groups: Groups) -> list[int]:
+        """The claims' indexes in the order the calls list their keys."""
+        return [i for members, _ in groups.values() for i in members]
+
     def _run(self, prepared: Prepared[T], doing: str) -> T:
         if not prepared.calls:
             return prepared.parse([])
@@ -291,58 +439,7 @@ class DedupStore:
         return prepared.parse(self._scripts.run(prepared.calls, doing=doing))
 
 
-def _by_digit(groups: Groups, replies: list[Any], table: tuple[T, ...], count: int) -> list[T]:
-    """Per claim, in input order, the result its script call's reply gives it: the replies are
-    strings of one ASCII digit (a code of ``table``) per claim of their group."""
-    results: list[Any] = [None] * count
-    for (members, _), codes in zip(groups.values(), replies, strict=True):
-        for i, code in zip(members, codes, strict=True):
-            results[i] = table[code - 48]
-    return results
-
-
-def scan_entries(client: RedisClient, keys: KeySpace, *, scope: str | None = None,
-                 count: int = 1000) -> Iterator[list[DedupEntry]]:
-    """Every dedup key of ``scope`` (or of all scopes), one list per SCAN call (may be empty).
-
-    For the CLI: SCAN (never KEYS) by :meth:`KeySpace.dedup_pattern`, then
-    :func:`read_entries` per batch. A key that expires in between is left out.
-    """
-    scripts = Scripts(client)
-    cursor: Any = 0
-    while True:
-        pipe: Any = client.pipeline(transaction=False)
-        pipe.scan(cursor, match=keys.dedup_pattern(scope), count=count)
-        cursor, names = scripts.execute(pipe, doing="scanning dedup keys")[0]
-        yield read_entries(client, keys, names)
-        if int(cursor) == 0:
-            return
-
-
-def read_entries(client: RedisClient, keys: KeySpace, names: Sequence[str | bytes]
-                 ) -> list[DedupEntry]:
-    """The dedup keys ``names`` (found by SCAN): one pipelined GET + PEXPIRETIME each.
-
-    The message id is the key's last segment, checked by rebuilding the key with
-    :meth:`KeySpace.dedup`; absent keys and keys that do not round-trip are left out.
-    """
-    if not names:
-        return []
-    pipe: Any = client.pipeline(transaction=False)
-    for name in names:
-        pipe.get(name)
-        pipe.execute_command("PEXPIRETIME", name)
-    replies = Scripts(client).execute(pipe, doing="reading dedup keys")
-    out: list[DedupEntry] = []
-    for i, name in enumerate(names):
-        value, expire_at = replies[2 * i], replies[2 * i + 1]
-        if value is None:
-            continue
-        key = name.decode() if isinstance(name, bytes) else str(name)
-        text = value.decode() if isinstance(value, bytes) else str(value)
-        state, at_ms, owner = text.split("|", 2)
-        entry = DedupEntry(message_id=key.rsplit(":", 1)[-1], key=key, state=DedupState(state),
-                           owner=owner, at_ms=int(at_ms), expire_at_ms=int(expire_at))
-        if keys.dedup(entry.scope, entry.message_id) == key:
-            out.append(entry)
-    return out
+def _check_token(token: str) -> None:
+    """A token is a claim key's field: it must not hold the separator (or be empty)."""
+    if not token or "|" in token or ":" in token:
+        raise InvalidInputError(f"token {token!r} must be non-empty, without '|' or ':'")

@@ -1,4 +1,5 @@
-"""Value types of the dedup store: claim and done outcomes, effects, entries as the CLI shows them."""
+"""Value types of the dedup store (v2): positions, claims, the scripts' result codes, and
+claim keys and batch records as the CLI shows them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 __all__ = [
+    "BatchRecord",
+    "BatchState",
     "Claim",
     "ClaimOutcome",
     "ClaimReport",
@@ -18,96 +21,139 @@ __all__ = [
     "DoneReport",
     "DoneResult",
     "Effect",
+    "IdState",
+    "Position",
     "ReleaseResult",
-    "owner_token",
+    "RenewResult",
+    "parse_position",
+    "position",
 ]
 
 
 class ClaimResult(enum.Enum):
     """Outcome of claiming one message; the values are the codes ``dedup_claim.lua`` returns."""
 
-    NEW = 0
-    MINE = 1
-    DONE = 2
-    BUSY = 3
-    TAKEN_OVER = 4
-    EXPIRED = 5
-    PARTIAL = 6  # done with partial effects by this same owner: dead-letter it, do not handle
-    # Done by this same owner: this very record was handled and marked done, and is read again
-    # (its offset commit, or the done mark's reply, was lost). Not a duplicate: a redelivery.
-    REDELIVERED = 7
+    NEW = 0  # absent, or held elsewhere under a lapsed lease (taken over): ours now
+    MINE = 1  # held at this same position by a batch not done: re-owned under our token
+    DONE_HERE = 2  # held at this same position by a done batch: handled already, by this reader
+    DUPLICATE = 3  # done at another position (or PARTIAL there)
+    BUSY = 4  # held at another position under a live lease: wait
+    EXPIRED = 5  # past expires_at by the server clock: nothing written
+    PARTIAL = 6  # PARTIAL at this same position: dead-letter it, never handle it
+    STALE = 7  # the caller's token is done: nothing may be claimed under it
 
     @property
     def should_handle(self) -> bool:
         """Whether the claimant now holds the claim and runs the handler."""
-        return self in (ClaimResult.NEW, ClaimResult.MINE, ClaimResult.TAKEN_OVER)
+        return self is ClaimResult.NEW or self is ClaimResult.MINE
 
 
 class DoneResult(enum.Enum):
-    """Outcome of marking one message done; the codes of ``dedup_done.lua``."""
+    """Outcome of settling one claim of a batch; the codes of ``dedup_done.lua``."""
 
     OK = 0
-    NOT_OWNED = 1
-    ALREADY_DONE = 2
-    EFFECT_ERROR = 3
+    NOT_OWNED = 1  # the key names another token (re-owned, taken over): left alone
+    ALREADY_DONE = 2  # the batch was done before, or the key is PARTIAL: nothing applied
+    EFFECT_ERROR = 3  # effects refused, nothing applied, the claim deleted: claim anew
     ABSENT = 4  # the claim vanished (TTL, forget, failover): nothing applied, claim again
     # An effect failed after the check passed, midway: what came before it stays applied (Redis
-    # cannot roll back), so the key is marked done (fenced) and must never be retried.
+    # cannot roll back), so the key is marked PARTIAL (done for every reader), never retried.
     PARTIAL = 5
-
-
-class ReleaseResult(enum.Enum):
-    """Outcome of releasing one claim; the codes of ``dedup_release.lua``."""
-
-    OK = 0
-    NOT_OWNED = 1
-    ALREADY_DONE = 2
+    RELEASED = 6  # let go (failed, dropped) and still ours: the claim deleted
 
 
 class RenewResult(enum.Enum):
-    """Outcome of renewing one claim without claiming it; the codes of ``dedup_renew.lua``."""
+    """Outcome of renewing (or giving back) one batch record; the codes of ``dedup_renew.lua``."""
 
-    ABSENT = 0  # not claimed yet (its claim not processed), or gone: nothing written
+    ABSENT = 0  # no record (its claim call not run yet, or gone): nothing written
     RENEWED = 1
     DONE = 2
-    OTHER_OWNER = 3
+
+
+class ReleaseResult(enum.Enum):
+    """Outcome of releasing one claim of a batch; the codes of ``dedup_release.lua``."""
+
+    OK = 0
+    NOT_OWNED = 1
+    ALREADY_DONE = 2
 
 
 class DedupState(enum.Enum):
-    """What a dedup key holds."""
+    """What a claim key holds (the first character of its value)."""
 
-    CLAIMED = "c"
+    CLAIMED = "c"  # its state is its batch record's
+    PARTIAL = "p"  # done for every reader, its Redis effects partially applied
+
+
+class BatchState(enum.Enum):
+    """What a batch record holds (the first character of its value)."""
+
+    OPEN = "o"
     DONE = "d"
-    PARTIAL = "p"  # done, its Redis effects partially applied (DoneResult.PARTIAL)
 
 
-def owner_token(scope: str, reader: str, topic: str, partition: int, offset: int) -> str:
-    """The claim owner of a record: its source position as seen by one reader (DESIGN.md §4).
+class IdState(enum.Enum):
+    """A message id's state in a scope, derived by the v2 rules (DESIGN.md §4)."""
+
+    NEW = "new"  # no claim key
+    DONE = "done"  # its batch is done
+    PARTIAL = "partial"  # done, effects partially applied
+    IN_PROGRESS = "in-progress"  # its batch is open with a live lease
+    FREE = "free"  # its batch's lease lapsed, or the record is gone: free to take over
+
+
+class Position(NamedTuple):
+    """A record as one reader sees it: the claim's owner, with the token of its batch."""
+
+    reader: str
+    topic: str
+    partition: int
+    offset: int
+
+
+def position(reader: str, topic: str, partition: int, offset: int) -> str:
+    """A claim's position, encoded unambiguously: reader and topic are length-prefixed, so
+    they may hold any character and two positions are equal exactly when their strings are.
 
     ``reader`` names who reads the topic: a consumer group id, or a Spark query. A replay by
-    the same reader (restart before commit, a retried micro-batch) re-owns its claim; two
-    readers of one scope reading the same record are two owners, so only one handles it.
-    Topic names cannot hold ``|``, so the token parses from the right even when the reader does.
+    the same reader (restart before commit, a retried micro-batch) finds its own position and
+    re-owns the claim; two readers of one scope are two positions, so only one handles it.
     """
-    return f"{scope}|{reader}|{topic}|{partition}|{offset}"
+    return f"{len(reader)}:{reader}|{len(topic)}:{topic}|{partition}|{offset}"
+
+
+def parse_position(text: str) -> Position:
+    """The inverse of :func:`position`; raises ValueError on text it did not write."""
+    fields: list[str] = []
+    rest = text
+    for _ in range(2):
+        size, sep, rest = rest.partition(":")
+        if not sep or not size.isdigit() or rest[int(size):int(size) + 1] != "|":
+            raise ValueError(f"not a dedup position: {text!r}")
+        fields.append(rest[:int(size)])
+        rest = rest[int(size) + 1:]
+    partition, sep, offset = rest.partition("|")
+    if not sep:
+        raise ValueError(f"not a dedup position: {text!r}")
+    return Position(fields[0], fields[1], int(partition), int(offset))
 
 
 class Claim(NamedTuple):
-    """One message to claim: its id, its owner token and its expiry (a tuple: hot path).
+    """One message to claim: its id, its position and its expiry (a tuple: hot path).
 
-    ``shard`` and ``key`` locate its dedup key; :meth:`DedupStore.new_claim` fills them once
+    ``shard`` and ``key`` locate its claim key; :meth:`DedupStore.new_claim` fills them once
     per message, otherwise the store computes them at every call.
     """
 
     message_id: str
-    owner: str
+    position: str
     expires_at_ms: int
     shard: int = -1
     key: str = ""
 
 
 class ClaimOutcome(NamedTuple):
-    """The claim and its result; ``lease_ms`` is the other owner's lease left when BUSY."""
+    """The claim and its result; ``lease_ms`` is the holder's lease left when BUSY."""
 
     claim: Claim
     result: ClaimResult
@@ -118,7 +164,8 @@ class ClaimReport(NamedTuple):
     """A batch's claim results in claim order, without a tuple per message (hot path)."""
 
     results: list[ClaimResult]
-    lease_ms: dict[int, int]  # per BUSY claim (by index): the other owner's lease left
+    lease_ms: dict[int, int]  # per BUSY claim (by index): the holder's lease left
+    holders: dict[int, str] = {}  # per BUSY claim (by index): the token of the holding batch
 
     def outcomes(self, claims: Sequence[Claim]) -> list[ClaimOutcome]:
         return [ClaimOutcome(claim, result, self.lease_ms.get(i, 0))
@@ -146,7 +193,7 @@ class Effect:
 
 
 class DoneOutcome(NamedTuple):
-    """The claim, whether it was marked done, and the reason when an effect was refused."""
+    """The claim, how it was settled, and the reason when an effect was refused."""
 
     claim: Claim
     result: DoneResult
@@ -154,17 +201,53 @@ class DoneOutcome(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class BatchRecord:
+    """A batch record as the CLI shows it: open with its lease deadline, or done."""
+
+    key: str
+    token: str
+    state: BatchState
+    at_ms: int  # the lease deadline when open, the done time when done
+    expire_at_ms: int  # PEXPIRETIME; -1 = no TTL
+
+    @classmethod
+    def parse(cls, key: str, value: str, expire_at_ms: int) -> BatchRecord:
+        state, _, at = value.partition("|")
+        return cls(key=key, token=key.rsplit(":", 1)[-1], state=BatchState(state),
+                   at_ms=int(at), expire_at_ms=expire_at_ms)
+
+
+@dataclass(frozen=True, slots=True)
 class DedupEntry:
-    """A dedup key as the CLI shows it."""
+    """A claim key as the CLI shows it, with its batch record (None when that is gone)."""
 
     message_id: str
     key: str
     state: DedupState
-    owner: str
-    at_ms: int  # lease deadline when claimed, done time when done
+    token: str
+    position: str
     expire_at_ms: int  # PEXPIRETIME: expires_at + grace; -1 = no TTL
+    batch: BatchRecord | None
+
+    @classmethod
+    def parse(cls, key: str, value: str, expire_at_ms: int,
+              batch: BatchRecord | None) -> DedupEntry:
+        state, token, where = value.split("|", 2)
+        return cls(message_id=key.rsplit(":", 1)[-1], key=key, state=DedupState(state),
+                   token=token, position=where, expire_at_ms=expire_at_ms, batch=batch)
 
     @property
     def scope(self) -> str:
-        """The consumer scope: the owner token starts with it (``scope|topic|partition|offset``)."""
-        return self.owner.split("|", 1)[0]
+        """The consumer scope, from the key's hash tag ``{<scope>/<shard>}``."""
+        return self.key[self.key.index("{") + 1:self.key.index("}")].rsplit("/", 1)[0]
+
+    def id_state(self, now_ms: int) -> IdState:
+        """The id's state by the v2 rules, judged at ``now_ms``."""
+        if self.state is DedupState.PARTIAL:
+            return IdState.PARTIAL
+        batch = self.batch
+        if batch is None:
+            return IdState.FREE
+        if batch.state is BatchState.DONE:
+            return IdState.DONE
+        return IdState.IN_PROGRESS if batch.at_ms > now_ms else IdState.FREE

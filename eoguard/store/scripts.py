@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -39,10 +40,30 @@ class LuaScript(NamedTuple):
     sha: str
 
 
+_INCLUDE = re.compile(r"^--!include (\w+)$", re.MULTILINE)
+
+
+def _lua_file(path: str) -> str:
+    return resources.files("eoguard.store").joinpath(f"lua/{path}.lua").read_text("utf-8")
+
+
+@functools.cache
+def all_scripts() -> tuple[str, ...]:
+    """The name of every script (``lua/*.lua``; the parts in ``lua/lib`` are not scripts)."""
+    folder = resources.files("eoguard.store").joinpath("lua")
+    return tuple(sorted(entry.name.removesuffix(".lua") for entry in folder.iterdir()
+                        if entry.name.endswith(".lua")))
+
+
 @functools.cache
 def lua_script(name: str) -> LuaScript:
-    """The script ``eoguard/store/lua/<name>.lua``, read once per process."""
-    source = resources.files("eoguard.store").joinpath(f"lua/{name}.lua").read_text("utf-8")
+    """The script ``eoguard/store/lua/<name>.lua``, read once per process.
+
+    A line ``--!include <part>`` is replaced by ``lua/lib/<part>.lua``: the parts several
+    scripts share (the server clock, the dedup value formats, the effect checker) are written
+    once, and each script is still one self-contained call (one SHA, one EVALSHA).
+    """
+    source = _INCLUDE.sub(lambda m: _lua_file(f"lib/{m.group(1)}").rstrip("\n"), _lua_file(name))
     sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
     return LuaScript(name, source, sha)
 
@@ -73,6 +94,27 @@ class Scripts:
 
     def __init__(self, client: RedisClient) -> None:
         self._client = client
+        self._loaded = False  # every script loaded by this instance since its last NOSCRIPT
+
+    def load_all(self) -> None:
+        """Load every script of eoguard (one pipelined round trip).
+
+        Done before the first send, and again on any NOSCRIPT: a round trip whose calls are
+        answered partly NOSCRIPT (some scripts loaded, others not) has run its later calls
+        before the ones resent, and a done mark resent after the next batch's claims of the
+        same records would find them MINE instead of DONE_HERE. With every script loaded
+        before a send, only a server that lost them all (a restart, a failover, SCRIPT
+        FLUSH) answers NOSCRIPT, and then to every call alike.
+        """
+        if getattr(self._client, "connection_pool", None) is None:  # a cluster: to every primary
+            for name in all_scripts():
+                self._load(name)
+        else:
+            pipe = self._client.pipeline(transaction=False)
+            for name in all_scripts():
+                pipe.script_load(lua_script(name).source)
+            self.execute(pipe, doing="loading eoguard's Lua scripts")
+        self._loaded = True
 
     def run_one(self, call: ScriptCall) -> Any:
         """Run one call and return its reply."""
@@ -87,6 +129,8 @@ class Scripts:
         """
         if not calls:
             return []
+        if not self._loaded:
+            self.load_all()
         replies: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
         for _ in range(self._MAX_RELOADS):
@@ -105,8 +149,7 @@ class Scripts:
                     replies[i] = result
             if not missing:
                 return replies
-            for name in sorted({calls[i].script for i in missing}):
-                self._load(name)
+            self.load_all()
             todo = missing
         raise StoreError(f"Redis kept answering NOSCRIPT while {doing}")
 
@@ -127,6 +170,8 @@ class Scripts:
         the caller works meanwhile while Redis runs them. One round trip, as
         :meth:`run_prepared`; a cluster client runs them at once instead."""
         calls = [call for p in prepared for call in p.calls]
+        if calls and not self._loaded:
+            self.load_all()
         flight = InFlight(self, prepared, calls, doing)
         pool = getattr(self._client, "connection_pool", None)
         if not calls or pool is None:  # RedisCluster routes per node: no raw connection
@@ -222,6 +267,7 @@ class InFlight:
             if isinstance(reply, Exception) and i not in missing:
                 raise wrap_redis_error(reply, f"{self._doing} ({calls[i].script})") from reply
         if missing:
+            self._scripts.load_all()
             again = self._scripts.run([calls[i] for i in missing], doing=self._doing)
             for i, reply in zip(missing, again, strict=True):
                 replies[i] = reply

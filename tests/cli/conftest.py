@@ -17,7 +17,7 @@ from eoguard.cli import cli
 from eoguard.codec import EnvelopeCodec, PayloadCodec
 from eoguard.config import KeepUntil
 from eoguard.envelope import Envelope
-from eoguard.store.dedup import Claim, DedupStore, owner_token
+from eoguard.store.dedup import ClaimResult, DedupStore, DoneResult, position
 from eoguard.store.keys import KeySpace
 from eoguard.store.liveness import Liveness
 from eoguard.store.outbox import Outbox, OutboxRecord
@@ -72,6 +72,7 @@ class Seeded:
     done: list[str]
     claimed_live: str
     claimed_lapsed: str
+    done_records: int  # batch records of the done pass (one per shard its claims are on)
 
 
 def outbox_record(topic: str, *, ttl_ms: int = 600_000, n: int = 1) -> OutboxRecord:
@@ -84,8 +85,9 @@ def outbox_record(topic: str, *, ttl_ms: int = 600_000, n: int = 1) -> OutboxRec
 @pytest.fixture
 def seeded(redis_client, key_prefix: str) -> Seeded:
     """Outbox: orders = 1 published + 2 pending (live owner); refunds = 2 pending whose owner
-    is gone (stuck). Dedup: scope billing = 2 done + 1 claimed (live lease); scope shipping =
-    1 claim whose lease lapsed. One live producer lease (p-live)."""
+    is gone (stuck). Dedup: scope billing = 2 claims of a done pass (token billing-1) + 1 of an
+    open pass with a live lease (billing-2); scope shipping = 1 claim of a pass whose lease
+    lapsed (shipping-1). One live producer lease (p-live)."""
     keys = KeySpace(prefix=key_prefix)
     box = Outbox(redis_client, keys)
     Liveness(redis_client, keys).heartbeat("p-live", 60_000)
@@ -95,15 +97,18 @@ def seeded(redis_client, key_prefix: str) -> Seeded:
     box.put(refunds, owner="p-gone", keep_until=KeepUntil.CONSUMED, resend_after_ms=600_000)
     box.mark_published([orders[0].id], keep_until=KeepUntil.CONSUMED)
     billing = DedupStore(redis_client, scope="billing", keys=keys, lease_ms=60_000)
-    claims = [Claim(r.id, owner_token("billing", "billing-app", "orders", 0, i), r.expires_at_ms)
+    claims = [billing.new_claim(r.id, position("billing-app", "orders", 0, i), r.expires_at_ms)
               for i, r in enumerate(orders)]
-    billing.claim(claims)
-    billing.done(claims[:2])
+    new = ClaimResult.NEW
+    assert [o.result for o in billing.claim("billing-1", claims[:2])] == [new, new]
+    assert [o.result for o in billing.done("billing-1", claims[:2])] == [DoneResult.OK] * 2
+    assert [o.result for o in billing.claim("billing-2", claims[2:])] == [new]
     shipping = DedupStore(redis_client, scope="shipping", keys=keys, lease_ms=1)
-    owner = owner_token("shipping", "shipping-app", "refunds", 1, 5)
-    lapsed = Claim(refunds[0].id, owner, refunds[0].expires_at_ms)
-    shipping.claim([lapsed])
+    lapsed = shipping.new_claim(refunds[0].id, position("shipping-app", "refunds", 1, 5),
+                                refunds[0].expires_at_ms)
+    assert [o.result for o in shipping.claim("shipping-1", [lapsed])] == [new]
     time.sleep(0.01)
     return Seeded(keys=keys, published=orders[0].id, live_pending=[r.id for r in orders[1:]],
                   stuck=[r.id for r in refunds], done=[r.id for r in orders[:2]],
-                  claimed_live=orders[2].id, claimed_lapsed=refunds[0].id)
+                  claimed_live=orders[2].id, claimed_lapsed=refunds[0].id,
+                  done_records=len(billing.records("billing-1", claims[:2])))

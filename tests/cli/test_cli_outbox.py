@@ -6,10 +6,10 @@ import dataclasses
 import time
 
 import pytest
-from conftest import outbox_record
 
 from eoguard.config import KeepUntil
 from eoguard.store.outbox import Outbox, RecordState
+from tests.cli.conftest import outbox_record
 
 pytestmark = pytest.mark.integration
 

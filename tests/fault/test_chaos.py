@@ -188,9 +188,12 @@ def test_every_process_killed_at_random_keeps_section_10(
         time.sleep(wait_s)
     sweep_index(client, keys, dry_run=False)
     records = list(client.scan_iter(match=keys.outbox_record_pattern(), count=1000))
-    dedup = list(client.scan_iter(match=keys.dedup_pattern(), count=1000))
+    dedup = [key for pattern in (keys.dedup_pattern(), keys.dedup_batch_pattern(),
+                                 keys.dedup_reowned_pattern())
+             for key in client.scan_iter(match=pattern, count=1000)]
     index_entries = sum(client.zcard(keys.outbox_index(s)) for s in range(keys.shards))
-    print(f"after expiry + grace: outbox records={len(records)} dedup keys={len(dedup)} "
+    print(f"after expiry + grace: outbox records={len(records)} claim keys, batch records and "
+          f"re-owned hashes={len(dedup)} "
           f"index entries={index_entries}")
     assert records == []
     assert dedup == []

@@ -14,9 +14,9 @@ import time
 import pytest
 import redis
 
-from eoguard.consumer.batch import ConsumerStats
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext
+from eoguard.consumer.state import ConsumerStats
 from eoguard.stack.feed import envelope, produce
 from eoguard.store.keys import KeySpace
 from tests.consumer_kit import committed_total, consumer_config
@@ -94,7 +94,7 @@ def test_redis_killed_mid_stream_nothing_lost_nothing_doubled(
     assert down.store_outages >= 1
     assert seen == {e.id for e in envs}  # no loss
     assert counts == {e.id: 1 for e in envs}  # no duplicate effect
-    # A done mark Redis applied but whose reply the kill lost is found again as REDELIVERED.
+    # A done mark Redis applied but whose reply the kill lost is found again as DONE_HERE (its batch is done).
     assert done_count(final) == MESSAGES
     assert final.duplicates == 0  # no message was sent twice: nothing is a duplicate
     check_dedup_ttls(client, keys, scope, envs[:: MESSAGES // 100], 300_000)

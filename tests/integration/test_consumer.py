@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
@@ -17,44 +16,16 @@ import redis
 
 from eoguard.codec import PayloadCodec
 from eoguard.config import KeepUntil
-from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext
 from eoguard.envelope import derived_message_id, now_ms
 from eoguard.stack.feed import envelope, produce
-from eoguard.store.dedup import Claim, DedupStore, owner_token
+from eoguard.store.dedup import Claim, DedupStore, position
 from eoguard.store.keys import KeySpace
 from eoguard.store.liveness import Liveness
 from eoguard.store.outbox import Outbox, OutboxRecord
-from tests.consumer_kit import CODEC, consumer_config, drain, headers_of, read_all
+from tests.consumer_kit import CODEC, drain, headers_of, read_all, recorder
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def made() -> Iterator[list[GuardedConsumer]]:
-    consumers: list[GuardedConsumer] = []
-    yield consumers
-    for consumer in consumers:
-        consumer.close()
-
-
-@pytest.fixture
-def make(made, kafka_bootstrap: str, redis_url: str, key_prefix: str, new_topic
-         ) -> Callable[..., GuardedConsumer]:
-    def build(topics: list[str], handler: Callable[[HandlerContext], None] | None = None,
-              **kw: Any) -> GuardedConsumer:
-        batch_handler = kw.pop("batch_handler", None)
-        kw.setdefault("dead_letter_topic", new_topic(1, prefix="dlq"))
-        config = consumer_config(kafka_bootstrap, redis_url, topics, prefix=key_prefix, **kw)
-        consumer = GuardedConsumer(config, handler=handler, batch_handler=batch_handler)
-        made.append(consumer)
-        return consumer
-    return build
-
-
-def recorder() -> tuple[list[str], Callable[[HandlerContext], None]]:
-    seen: list[str] = []
-    return seen, lambda ctx: seen.append(ctx.message_id)
 
 
 def test_same_message_twice_is_handled_once(make, new_topic, kafka_bootstrap) -> None:
@@ -321,8 +292,8 @@ def test_busy_claim_is_waited_on_then_taken_over_or_skipped(make, new_topic, kaf
     # Another owner (a consumer that died mid-handler) claimed both, with short and long leases.
     for env, lease_ms in ((lapsing, 1_000), (held, 120_000)):
         store = DedupStore(redis_client, scope="app", keys=keys, lease_ms=lease_ms)
-        elsewhere = owner_token("app", "another-group", "elsewhere", 0, 1)
-        store.claim([Claim(env.id, elsewhere, env.expires_at_ms)])
+        elsewhere = position("another-group", "elsewhere", 0, 1)
+        store.claim(store.new_token(), [Claim(env.id, elsewhere, env.expires_at_ms)])
     produce(kafka_bootstrap, topic, [lapsing, held])
     seen, handler = recorder()
     started = now_ms()
@@ -341,11 +312,14 @@ def test_dedup_keys_are_gone_after_expiry_plus_grace(make, new_topic, kafka_boot
     seen, handler = recorder()
     consumer = make([topic], handler, grace_s=1.0, scope="short")
     drain([consumer], lambda: len(seen) >= 20)
-    pattern = KeySpace(prefix=key_prefix).dedup_pattern("short")
-    assert list(redis_client.scan_iter(match=pattern, count=1000))  # they existed
+    keys = KeySpace(prefix=key_prefix)
+    patterns = (keys.dedup_pattern("short"), keys.dedup_batch_pattern("short"))
+    for pattern in patterns:  # claim keys and batch records existed
+        assert list(redis_client.scan_iter(match=pattern, count=1000)), pattern
     last = max(e.expires_at_ms for e in envs) + 1_000
     time.sleep(max(0.0, (last - now_ms()) / 1000) + 0.2)
-    assert list(redis_client.scan_iter(match=pattern, count=1000)) == []
+    for pattern in patterns:
+        assert list(redis_client.scan_iter(match=pattern, count=1000)) == [], pattern
 
 
 def test_running_consumer_is_live_and_gone_after_close(make, new_topic, kafka_bootstrap,

@@ -1,9 +1,9 @@
-"""Claims outlive slow batches, and two readers of one scope never both handle a record.
+"""Batch leases outlive slow batches, and two readers of one scope never both handle a record.
 
 Two GuardedConsumers of one scope in two groups read the same topic at once: each record is
-claimed by one (its owner token names its group) and waited on by the other until done.
-Batches take longer to handle than the claim lease, so only the lease renewal keeps the
-other reader from taking the claims over and handling them a second time.
+claimed by one (its position names its group) and waited on by the other until done.
+Batches take longer to handle than the lease, so only the renewal of the batch records keeps
+the other reader from taking the claims over and handling them a second time.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import pytest
 
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext
-from eoguard.consumer.lease import LeaseKeeper
+from eoguard.consumer.leases import BatchLeases
 from eoguard.envelope import new_message_id, now_ms
 from eoguard.stack.feed import envelope, produce
-from eoguard.store.dedup import DedupState, DedupStore, owner_token
+from eoguard.store.dedup import BatchState, DedupStore, RenewResult, position
 from eoguard.store.keys import KeySpace
 from tests.consumer_kit import consumer_config
 
@@ -80,18 +80,17 @@ def test_two_readers_of_one_scope_with_slow_batches_handle_each_record_once(
           f"busy waits={stats['a'].busy_waits}+{stats['b'].busy_waits}")
     assert handled == Counter(e.id for e in envs)  # every record once, none twice
     assert stats["a"].lease_renewals + stats["b"].lease_renewals > 0
-    assert stats["a"].leases_lost + stats["b"].leases_lost == 0
+    assert stats["a"].fenced + stats["b"].fenced == 0  # no claim was taken over while held
     assert stats["a"].busy_skipped + stats["b"].busy_skipped == 0
 
 
-def test_claims_sent_ahead_never_lapse_while_their_batch_waits(
+def test_batches_sent_ahead_never_lapse_while_they_wait(
         kafka_bootstrap: str, redis_url: str, redis_client: Any, key_prefix: str,
         new_topic: Any) -> None:
-    # The pipeline sends a batch's claims two batches before it handles it, and reads their
-    # answer only then. With 0.5 s batches that is 1 s unread: a whole lease. A watcher reads
-    # every dedup key every 50 ms; a claim past its deadline is one another reader of the
-    # scope could take over and handle a second time. (Renewed only from their landing on,
-    # the claims of every batch read ahead lapsed here.)
+    # The pipeline sends a batch's claims two batches before it handles it. With 0.5 s batches
+    # that is 1 s: a whole lease. A watcher reads every batch record of the scope every 50 ms;
+    # an open record past its deadline holds claims another reader of the scope could take
+    # over and handle a second time.
     topic = new_topic(1)
     envs = [envelope(b"ahead %d" % i) for i in range(120)]
     produce(kafka_bootstrap, topic, envs, partition=0)
@@ -104,19 +103,26 @@ def test_claims_sent_ahead_never_lapse_while_their_batch_waits(
         handled.append(ctx.message_id)
 
     consumer = GuardedConsumer(config, handler=handler)
-    keys = [config.keyspace.dedup(config.scope, e.id) for e in envs]
+    keys = config.keyspace
+    claim_keys = [keys.dedup(config.scope, e.id) for e in envs]
+    shards = [keys.shard_of(e.id) for e in envs]
     lapsed: set[str] = set()
-    reads = [0]
+    reads, records = [0], set()
     stop = threading.Event()
 
     def watch() -> None:
         while not stop.wait(0.05):
-            now_ms = time.time() * 1000
+            now = time.time() * 1000
             reads[0] += 1
-            for key, value in zip(keys, redis_client.mget(keys), strict=True):
-                if value is not None and value.startswith(b"c|") \
-                        and int(value.split(b"|")[1]) < now_ms - 20:
-                    lapsed.add(key)
+            held = {keys.dedup_batch(config.scope, shard, value.split(b"|")[1].decode())
+                    for shard, value in zip(shards, redis_client.mget(claim_keys), strict=True)
+                    if value is not None}
+            records.update(held)
+            names = sorted(held)
+            for name, value in zip(names, redis_client.mget(names) if names else [], strict=True):
+                if value is not None and value.startswith(b"o|") \
+                        and int(value.split(b"|")[1]) < now - 20:
+                    lapsed.add(name)
 
     watcher = threading.Thread(target=watch)
     watcher.start()
@@ -130,74 +136,66 @@ def test_claims_sent_ahead_never_lapse_while_their_batch_waits(
         watcher.join(timeout=10)
         consumer.close()
     stats = consumer.stats()
-    print(f"handled={len(handled)} watcher reads={reads[0]} of {len(keys)} keys each; "
-          f"claims seen past their deadline={len(lapsed)}; renewals={stats.lease_renewals} "
-          f"lost={stats.leases_lost}")
+    print(f"handled={len(handled)} watcher reads={reads[0]}, batch records seen={len(records)}; "
+          f"open records past their deadline={len(lapsed)}; renewals={stats.lease_renewals}")
     assert sorted(handled) == sorted(e.id for e in envs)
-    assert reads[0] > 50  # the watcher looked throughout
+    assert reads[0] > 20  # the watcher looked throughout
+    assert len(records) >= 12  # one per batch at least
     assert stats.lease_renewals > 0
     assert lapsed == set()
-    assert stats.leases_lost == 0
+    assert stats.fenced == 0
 
 
-def test_a_claim_whose_answer_is_not_read_is_never_claimed_by_its_renewal(
-        redis_client: Any, key_prefix: str) -> None:
-    # A copy of a message held elsewhere is sent for claiming: its answer (BUSY) is read two
-    # polls later. If the other owner gives the key back meanwhile, a renewal that claimed
-    # again would take the key for a claim the consumer then sets aside as BUSY, and nobody
-    # would renew, mark or release it: the message's other copies would wait on it.
+def test_a_renewal_writes_only_records_that_are_open(redis_client: Any, key_prefix: str) -> None:
+    # Leases are held from the moment a batch's claims are sent: a renewal may run before the
+    # claim call itself, and after the done marks. Neither may create or reopen a record.
     store = DedupStore(redis_client, scope="app", keys=KeySpace(prefix=key_prefix))
-    mid, later = new_message_id(), new_message_id()
-    other = store.new_claim(mid, owner_token("app", "g", "t", 0, 1), now_ms() + 60_000)
-    copy = store.new_claim(mid, owner_token("app", "g", "t", 0, 2), now_ms() + 60_000)
-    on_its_way = store.new_claim(later, owner_token("app", "g", "t", 0, 3), now_ms() + 60_000)
-    store.claim([other])
-    keeper = LeaseKeeper(store, interval_s=3600, max_hold_s=3600)
+    claims = [store.new_claim(new_message_id(), position("g", "t", 0, i), now_ms() + 60_000)
+              for i in range(40)]
+    token = store.new_token()
+    records = store.records(token, claims)
+    leases = BatchLeases(store, interval_s=3600, max_hold_s=3600)
     try:
-        keeper.hold([copy, on_its_way], answered=False)
-        store.release([other])
-        keeper.renew()
-        assert redis_client.exists(store.key(mid)) == 0  # not taken by the renewal
-        assert redis_client.exists(store.key(later)) == 0
-        assert keeper.held() == 2  # nothing says they are not ours yet
-        store.claim([other])  # held by another owner again
-        keeper.renew()
-        assert keeper.held() == 2  # the answer, when read, drops the copy (sort)
-        assert keeper.lost == 0
-        assert store.check(mid).owner == other.owner  # type: ignore[union-attr]
-        keeper.drop([copy])
-        # Once its answer says ours, a claim is renewed by claiming again, as before.
-        store.claim([on_its_way])
-        keeper.hold([on_its_way])
-        keeper.renew()
-        entry = store.check(later)
+        leases.hold(token, records)
+        leases.renew()  # before the claim call: nothing to renew, nothing written
+        assert redis_client.exists(*(key for _, key in records)) == 0
+        store.claim(token, claims)
+        before = [redis_client.get(key) for _, key in records]
+        time.sleep(0.01)
+        leases.renew()
+        after = [redis_client.get(key) for _, key in records]
+        assert all(a.startswith(b"o|") and int(a[2:]) > int(b[2:])
+                   for a, b in zip(after, before, strict=True))
+        store.done(token, claims)
+        leases.renew()  # a renewal racing the done marks: the records stay done
+        assert all(redis_client.get(key).startswith(b"d|") for _, key in records)
+        assert store.renew(records) == [RenewResult.DONE] * len(records)
+        assert leases.renewals == 3
+        leases.drop(token)
+        assert leases.held() == 0
+    finally:
+        leases.close()
+
+
+def test_renewal_stops_after_max_hold(redis_client: Any, key_prefix: str) -> None:
+    # Renewal stops max_hold_s (max.poll.interval.ms) after a batch is held: a handler hung
+    # that long lost its partitions, and its claims must lapse for the record's next reader.
+    store = DedupStore(redis_client, scope="app", keys=KeySpace(prefix=key_prefix),
+                       lease_ms=60_000)
+    claims = [store.new_claim(new_message_id(), position("g", "t", 0, 1), now_ms() + 60_000)]
+    token = store.new_token()
+    leases = BatchLeases(store, interval_s=3600, max_hold_s=0.3)
+    try:
+        leases.hold(token, store.records(token, claims))
+        store.claim(token, claims)
+        leases.renew()
+        assert leases.held() == 1
+        time.sleep(0.4)  # held past max_hold_s: a hung handler
+        leases.renew()
+        assert leases.held() == 0
+        entry = store.check(claims[0].message_id)
         assert entry is not None
-        assert entry.state is DedupState.CLAIMED
-        assert entry.owner == on_its_way.owner
-        assert keeper.held() == 1
-        assert keeper.renewals == 3
+        assert entry.batch is not None
+        assert entry.batch.state is BatchState.OPEN
     finally:
-        keeper.close()
-
-
-def test_max_hold_counts_from_the_answer_not_from_the_send(redis_client: Any,
-                                                          key_prefix: str) -> None:
-    # Renewal stops max_hold_s (max.poll.interval.ms) after a claim is held: a handler hung
-    # that long lost its partitions. Claims sent ahead wait behind the batches being handled;
-    # counted from their send, slow batches would lose their renewal while being handled.
-    store = DedupStore(redis_client, scope="app", keys=KeySpace(prefix=key_prefix))
-    ahead = store.new_claim(new_message_id(), owner_token("app", "g", "t", 0, 1),
-                            now_ms() + 60_000)
-    keeper = LeaseKeeper(store, interval_s=3600, max_hold_s=0.3)
-    try:
-        keeper.hold([ahead], answered=False)
-        store.claim([ahead])
-        time.sleep(0.4)  # longer than max_hold_s, waiting behind other batches
-        keeper.hold([ahead])  # its answer is read: its batch is handled next
-        keeper.renew()
-        assert keeper.held() == 1  # still renewed
-        time.sleep(0.4)  # now held past max_hold_s: a hung handler
-        keeper.renew()
-        assert keeper.held() == 0
-    finally:
-        keeper.close()
+        leases.close()

@@ -14,7 +14,7 @@ import redis
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext
 from eoguard.stack.feed import envelope, produce
-from eoguard.store.dedup import Claim, ClaimResult, DedupStore, DoneResult, Effect, owner_token
+from eoguard.store.dedup import Claim, ClaimResult, DedupStore, DoneResult, Effect, position
 from eoguard.store.keys import KeySpace
 from tests.consumer_kit import CODEC, consumer_config, drain, headers_of, read_all
 
@@ -72,11 +72,12 @@ def test_a_partial_whose_dead_letter_was_lost_is_dead_lettered_on_re_read(
     produce(kafka_bootstrap, topic, envs)
     group = f"g-{key_prefix}"
     store = DedupStore(limited_client, scope="app", keys=KeySpace(prefix=key_prefix))
-    claim = Claim(envs[0].id, owner_token("app", group, topic, 0, 0), envs[0].expires_at_ms)
-    assert store.claim([claim])[0].result is ClaimResult.NEW
+    claim = Claim(envs[0].id, position(group, topic, 0, 0), envs[0].expires_at_ms)
+    token = store.new_token()
+    assert store.claim(token, [claim])[0].result is ClaimResult.NEW
     effects = {envs[0].id: [Effect("INCRBY", store.effect_key(envs[0].id, "n"), (1,)),
                             Effect("SADD", store.effect_key(envs[0].id, "s"), ("x",))]}
-    assert store.done([claim], effects)[0].result is DoneResult.PARTIAL
+    assert store.done(token, [claim], effects=effects)[0].result is DoneResult.PARTIAL
     seen: dict[str, list[str]] = {group: [], "other": []}
     for name, handled_here in seen.items():
         config = consumer_config(kafka_bootstrap, redis_url, [topic], prefix=key_prefix,

@@ -1,8 +1,13 @@
-"""The shard count is recorded per prefix; a process configured otherwise is refused."""
+"""The layout (shards, version, max_ttl_ms) is recorded per prefix; a process configured
+otherwise, a prefix of layout version 1 with dedup keys left, and a server that may evict
+keys are refused at start."""
 
 from __future__ import annotations
 
+import json
+import logging
 import subprocess
+import threading
 import time
 
 import pytest
@@ -14,9 +19,10 @@ from eoguard.config import ConsumerConfig, RedisConfig
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.errors import ConfigError
 from eoguard.stack.redis_server import ensure_redis_server
-from eoguard.store.keys import KeySpace
-from eoguard.store.layout import check_layout, recorded_shards
+from eoguard.store.keys import DEFAULT_MAX_TTL_MS, LAYOUT_VERSION, KeySpace
+from eoguard.store.layout import Layout, check_layout, recorded_layout, recorded_shards
 from tests.conftest import free_port
+from tests.redis_kit import acl_user
 
 pytestmark = pytest.mark.integration
 
@@ -26,8 +32,90 @@ def test_first_use_records_and_a_mismatch_is_refused(redis_client, key_prefix: s
     check_layout(redis_client, KeySpace(prefix=key_prefix, shards=8))
     check_layout(redis_client, KeySpace(prefix=key_prefix, shards=8))  # same layout: fine
     assert recorded_shards(redis_client, key_prefix) == 8
+    assert recorded_layout(redis_client, key_prefix) == Layout(
+        shards=8, version=LAYOUT_VERSION, max_ttl_ms=DEFAULT_MAX_TTL_MS)
+    with pytest.raises(ConfigError, match="laid out in 8 shards") as refused:
+        check_layout(redis_client, KeySpace(prefix=key_prefix, shards=16))
+    assert "\n" not in str(refused.value)
+
+
+def test_another_max_ttl_is_refused(redis_client, key_prefix: str) -> None:
+    check_layout(redis_client, KeySpace(prefix=key_prefix, shards=4, max_ttl_ms=3_600_000))
+    with pytest.raises(ConfigError, match=r"max_ttl_ms=3600000.*KeySpace\(max_ttl_ms=3600000\)"):
+        check_layout(redis_client, KeySpace(prefix=key_prefix, shards=4))
+    assert recorded_layout(redis_client, key_prefix) == Layout(4, LAYOUT_VERSION, 3_600_000)
+
+
+def test_concurrent_first_starts_record_one_layout(redis_client, redis_url: str,
+                                                   key_prefix: str) -> None:
+    # Each start records its whole layout or none of it: the record is one start's, and
+    # exactly the starts configured like it pass.
+    configs = [KeySpace(prefix=key_prefix, shards=2 + i % 3, max_ttl_ms=60_000 * (1 + i % 2))
+               for i in range(12)]
+    barrier = threading.Barrier(len(configs))
+    passed: list[KeySpace] = []
+    refused: list[str] = []
+
+    def start(keys: KeySpace) -> None:
+        client = redis.Redis.from_url(redis_url)
+        try:
+            barrier.wait()
+            check_layout(client, keys)
+            passed.append(keys)
+        except ConfigError as exc:
+            refused.append(str(exc))
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=start, args=(keys,)) for keys in configs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    layout = recorded_layout(redis_client, key_prefix)
+    assert layout is not None
+    winner = KeySpace(prefix=key_prefix, shards=layout.shards or 0, max_ttl_ms=layout.max_ttl_ms or 0)
+    assert passed
+    assert all(keys == winner for keys in passed)
+    assert len(passed) == configs.count(winner)
+    assert len(refused) == len(configs) - len(passed)
+    print(f"{len(passed)} starts passed, {len(refused)} refused; recorded {layout}")
+
+
+def test_a_version_1_prefix_is_refused_while_its_dedup_keys_remain(redis_client,
+                                                                   key_prefix: str) -> None:
+    keys = KeySpace(prefix=key_prefix, shards=8)
+    redis_client.hset(keys.layout(), "shards", 8)  # what layout version 1 recorded
+    legacy = [f"{key_prefix}:dd:{{billing/{i}}}:id-{i}" for i in range(3)]
+    for name in legacy:
+        redis_client.set(name, "d|1|x", px=60_000)
+    assert recorded_layout(redis_client, key_prefix) == Layout(8, 1, None)
+
+    with pytest.raises(ConfigError) as refused:
+        check_layout(redis_client, keys)
+    assert str(refused.value) == (
+        f"key prefix {key_prefix!r} holds 3 dedup keys of layout version 1: let them expire "
+        "(eoguard status shows how many remain) or use another prefix")
+    assert recorded_layout(redis_client, key_prefix) == Layout(8, 1, None)  # left as it was
+
+    redis_client.delete(*legacy)  # as if they had expired
     with pytest.raises(ConfigError, match="laid out in 8 shards"):
         check_layout(redis_client, KeySpace(prefix=key_prefix, shards=16))
+    assert recorded_layout(redis_client, key_prefix) == Layout(8, 1, None)  # refused: not upgraded
+
+    check_layout(redis_client, keys)
+    assert recorded_layout(redis_client, key_prefix) == Layout(8, LAYOUT_VERSION, DEFAULT_MAX_TTL_MS)
+    check_layout(redis_client, keys)  # a later start finds version 2
+    with pytest.raises(ConfigError, match="max_ttl_ms"):
+        check_layout(redis_client, KeySpace(prefix=key_prefix, shards=8, max_ttl_ms=1000))
+
+
+def test_a_newer_layout_version_is_refused(redis_client, key_prefix: str) -> None:
+    keys = KeySpace(prefix=key_prefix)
+    redis_client.hset(keys.layout(), mapping={"shards": keys.shards, "version": LAYOUT_VERSION + 1,
+                                              "max_ttl_ms": keys.max_ttl_ms})
+    with pytest.raises(ConfigError, match=f"layout version {LAYOUT_VERSION + 1}.*upgrade eoguard"):
+        check_layout(redis_client, keys)
 
 
 def test_the_cli_adopts_the_recorded_layout_and_refuses_another(redis_client, redis_url: str,
@@ -36,6 +124,8 @@ def test_the_cli_adopts_the_recorded_layout_and_refuses_another(redis_client, re
     runner = CliRunner()
     ok = runner.invoke(cli, ["--redis-url", redis_url, "--prefix", key_prefix, "--json", "status"])
     assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.stdout)["layout"] == {"version": LAYOUT_VERSION, "shards": 4,
+                                               "max_ttl_ms": DEFAULT_MAX_TTL_MS}
     bad = runner.invoke(cli, ["--redis-url", redis_url, "--prefix", key_prefix, "--shards", "16",
                                "status"])
     assert bad.exit_code == 2
@@ -51,6 +141,36 @@ def test_a_consumer_with_another_shard_count_is_refused(redis_client, redis_url:
                             keyspace=KeySpace(prefix=key_prefix, shards=16))
     with pytest.raises(ConfigError, match="laid out in 8 shards"):
         GuardedConsumer(config, handler=lambda ctx: None)
+
+
+def test_a_server_that_may_evict_is_refused(redis_client, key_prefix: str,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    # The shared dev Redis: the policy is changed for a few milliseconds, always restored.
+    keys = KeySpace(prefix=key_prefix)
+    with acl_user(redis_client, key_prefix, "-config") as no_config, \
+            acl_user(redis_client, key_prefix, "-config", "-info") as blind:
+        no_config.ping()
+        blind.ping()
+        caplog.set_level(logging.WARNING, logger="eoguard.store.layout")
+        try:
+            redis_client.config_set("maxmemory-policy", "allkeys-lru")
+            with pytest.raises(ConfigError) as by_config:
+                check_layout(redis_client, keys)
+            with pytest.raises(ConfigError) as by_info:  # CONFIG refused: INFO memory tells
+                check_layout(no_config, keys)
+            check_layout(blind, keys)  # neither readable: a warning, and it goes on
+        finally:
+            redis_client.config_set("maxmemory-policy", "noeviction")
+    for refused in (by_config, by_info):
+        text = str(refused.value)
+        assert "maxmemory-policy allkeys-lru" in text
+        assert "CONFIG SET maxmemory-policy noeviction" in text
+        assert "\n" not in text
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "cannot read maxmemory-policy" in warnings[0]
+    assert recorded_layout(redis_client, key_prefix) is not None  # only the blind start recorded
+    check_layout(redis_client, keys)  # noeviction again: fine
 
 
 def test_a_single_node_client_of_a_cluster_mode_server_is_refused(tmp_path) -> None:

@@ -1,95 +1,186 @@
-"""The executors' claim and done passes against real Redis, without Spark: which copy of an id
-wins, how claims held elsewhere are settled, and that the done pass completes only ours."""
+"""The executors' claim and acknowledgement passes and the driver's done mark against real
+Redis, without Spark: which copy of an id wins, how claims held elsewhere are settled, what a
+replay of a done micro-batch keeps, and that the done mark completes only this batch's claims."""
 
 from __future__ import annotations
 
-from collections import Counter
+from typing import Any
 
 import pyarrow as pa
 import pytest
 import redis
 
 from eoguard.envelope import new_message_id, now_ms
-from eoguard.store.dedup import Claim, DedupState, DedupStore, DoneResult, owner_token
+from eoguard.modes import KeepUntil
+from eoguard.store.dedup import BatchState, Claim, DedupStore, IdState, position
 from eoguard.store.keys import KeySpace
+from eoguard.store.outbox import Outbox, OutboxRecord
 from eoguard_spark.claims import claim_partition
-from eoguard_spark.worker import ClaimSettings, done_partition
+from eoguard_spark.dedup import batch_token
+from eoguard_spark.worker import ClaimSettings, ack_partition
 
 pytestmark = pytest.mark.integration
 
 SCOPE, READER, TOPIC = "app", "spark-0123456789ab", "orders"
+TOKEN = batch_token(READER, "6f1c0d2e-query", 7)
 
 
-def settings(redis_url: str, key_prefix: str, **overrides: int) -> ClaimSettings:
-    values = {"lease_ms": 60_000, "grace_ms": 60_000, "busy_wait_ms": 0, "batch_size": 3}
+def settings(redis_url: str, key_prefix: str, **overrides: Any) -> ClaimSettings:
+    values: dict[str, Any] = {"lease_ms": 60_000, "grace_ms": 60_000, "busy_wait_ms": 0,
+                                 "batch_size": 3, "key_shards": 4, "token": TOKEN}
     values.update(overrides)
-    return ClaimSettings(redis_url=redis_url, key_prefix=key_prefix, key_shards=4, scope=SCOPE,
+    return ClaimSettings(redis_url=redis_url, key_prefix=key_prefix, scope=SCOPE,
                          ack_outbox=True, **values)
+
+
+def at(offset: int, reader: str = READER, partition: int = 0) -> str:
+    return position(reader, TOPIC, partition, offset)
 
 
 def rows(ids: list[str], offsets: list[int], status: list[str] | None = None
          ) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array]:
     expires = now_ms() + 600_000
-    return (pa.array(ids), pa.array([owner_token(SCOPE, READER, TOPIC, 0, o) for o in offsets]),
+    return (pa.array(ids), pa.array([at(o) for o in offsets]),
             pa.array([expires] * len(ids), pa.int64()),
             pa.array(status or ["ok"] * len(ids)))
 
 
-def store(redis_client: redis.Redis, key_prefix: str) -> DedupStore:
-    return DedupStore(redis_client, scope=SCOPE, keys=KeySpace(prefix=key_prefix, shards=4),
-                      lease_ms=600_000)
+def store(redis_client: redis.Redis, key_prefix: str, *, shards: int = 4,
+          lease_ms: int = 600_000) -> DedupStore:
+    return DedupStore(redis_client, scope=SCOPE, keys=KeySpace(prefix=key_prefix, shards=shards),
+                      lease_ms=lease_ms)
 
 
-def test_copies_held_by_this_query_are_duplicates_others_wait(
+def claim(conf: ClaimSettings, *batches: tuple[pa.Array, pa.Array, pa.Array, pa.Array]
+          ) -> list[list[str]]:
+    return [arr.to_pylist() for arr in claim_partition(conf, iter(batches))]
+
+
+def test_the_batch_token_is_stable_and_tells_batches_readers_and_queries_apart() -> None:
+    token = batch_token("r", "q", 3)
+    assert token == batch_token("r", "q", 3)
+    assert len(token) == 16
+    assert int(token, 16) >= 0  # hex digits: never a '|'
+    others = {batch_token("r", "q", 4), batch_token("r2", "q", 3), batch_token("r", "q2", 3),
+              batch_token("r|q", "", 3), batch_token("", "r|q", 3)}
+    assert token not in others
+    assert len(others) == 5
+
+
+def test_copies_held_by_this_batch_are_duplicates_others_wait(
         redis_url: str, redis_client: redis.Redis, key_prefix: str) -> None:
     a, b, c, d, e = (new_message_id() for _ in range(5))
     dedup = store(redis_client, key_prefix)
     expires = now_ms() + 600_000
-    dedup.claim([
-        Claim(b, owner_token(SCOPE, READER, TOPIC, 1, 50), expires),  # a copy elsewhere in the batch
-        Claim(c, owner_token(SCOPE, "a-group", TOPIC, 0, 7), expires),  # a consumer, mid-handling
-        Claim(d, owner_token(SCOPE, "a-group", TOPIC, 0, 8), expires),
-    ])
-    dedup.done([Claim(d, owner_token(SCOPE, "a-group", TOPIC, 0, 8), expires)])
+    dedup.claim(TOKEN, [Claim(b, at(50, partition=1), expires)])  # a copy elsewhere in the batch
+    dedup.claim("consumer-batch-1", [Claim(c, at(7, "a-group"), expires)])  # mid-handling
+    held_d = Claim(d, at(8, "a-group"), expires)
+    dedup.claim("consumer-batch-2", [held_d])
+    dedup.done("consumer-batch-2", [held_d])
     # Two input batches: a copy of `a` in the second one is found by the partition itself.
-    batches = [rows([a, b, c, d], [0, 1, 2, 3]), rows([a, e, "x"], [4, 5, 6], ["ok", "ok", "malformed"])]
+    batches = [rows([a, b, c, d], [0, 1, 2, 3]),
+               rows([a, e, "x"], [4, 5, 6], ["ok", "ok", "malformed"])]
 
-    out = [arr.to_pylist() for arr in claim_partition(settings(redis_url, key_prefix), iter(batches))]
+    out = claim(settings(redis_url, key_prefix), *batches)
 
     assert out == [["new", "duplicate", "busy", "duplicate"], ["duplicate", "new", "malformed"]]
     entry = dedup.check(c)
     assert entry is not None
-    assert entry.state is DedupState.CLAIMED  # the consumer's claim is left alone
-    assert entry.owner == owner_token(SCOPE, "a-group", TOPIC, 0, 7)
+    assert (entry.token, entry.position) == ("consumer-batch-1", at(7, "a-group"))  # left alone
+    entry = dedup.check(b)
+    assert entry is not None
+    assert (entry.token, entry.position) == (TOKEN, at(50, partition=1))  # the batch's own copy
 
 
 def test_a_busy_claim_is_taken_over_once_its_lease_lapses(
         redis_url: str, redis_client: redis.Redis, key_prefix: str) -> None:
     message = new_message_id()
-    short = DedupStore(redis_client, scope=SCOPE, keys=KeySpace(prefix=key_prefix, shards=4),
-                       lease_ms=300)
-    short.claim([Claim(message, owner_token(SCOPE, "a-group", TOPIC, 0, 9), now_ms() + 600_000)])
+    store(redis_client, key_prefix, lease_ms=300).claim(
+        "consumer-batch", [Claim(message, at(9, "a-group"), now_ms() + 600_000)])
 
-    [out] = claim_partition(settings(redis_url, key_prefix, busy_wait_ms=3_000),
-                            iter([rows([message], [0])]))
+    [out] = claim(settings(redis_url, key_prefix, busy_wait_ms=3_000), rows([message], [0]))
 
-    assert out.to_pylist() == ["taken_over"]
+    assert out == ["new"]
+    entry = store(redis_client, key_prefix).check(message)
+    assert entry is not None
+    assert (entry.token, entry.position) == (TOKEN, at(0))
 
 
-def test_done_pass_marks_only_this_querys_claims(
+def test_a_replay_of_a_done_batch_keeps_its_rows_and_leaves_out_what_it_did_not_take(
+        redis_url: str, redis_client: redis.Redis, key_prefix: str) -> None:
+    """The first run claimed a and b and its done mark landed; the replay (same token, same
+    positions) keeps both as DONE_HERE. c and f were not ours the first time (BUSY elsewhere,
+    released since): c shares a shard with a done record of the batch (the script answers
+    STALE), f lies on a shard the batch never claimed on (the claim comes back NEW, so the
+    executor releases it). Both are left out, with no claim of the batch left behind."""
+    keys = KeySpace(prefix=key_prefix, shards=4)
+    a, b = new_message_id(), new_message_id()
+    taken = {keys.shard_of(a), keys.shard_of(b)}
+    c = next(i for i in iter(new_message_id, "") if keys.shard_of(i) in taken)
+    f = next(i for i in iter(new_message_id, "") if keys.shard_of(i) not in taken)
+    conf = settings(redis_url, key_prefix)
+    assert claim(conf, rows([a, b], [0, 1])) == [["new", "new"]]
+    dedup = store(redis_client, key_prefix)
+    dedup.finish(TOKEN)
+    records = dedup.batch_records(TOKEN)
+    assert sorted(s for s, r in enumerate(records) if r is not None) == sorted(taken)
+    assert all(r.state is BatchState.DONE for r in records if r is not None)
+
+    replay = claim(settings(redis_url, key_prefix, token_done=True),
+                   rows([a, b, c, f], [0, 1, 2, 3]))
+    # Another claim pass of this reader over the same records (another query under the same
+    # reader name) finds them done by another batch: duplicates, not its rows.
+    other = claim(settings(redis_url, key_prefix, token=batch_token(READER, "other", 7)),
+                  rows([a, b], [0, 1]))
+
+    print(f"replay statuses={replay} other pass={other}")
+    assert replay == [["done_here", "done_here", "stale", "stale"]]
+    assert other == [["duplicate", "duplicate"]]
+    assert dedup.check(c) is None
+    assert dedup.check(f) is None  # released: the batch keeps no claim it did not use
+    for message in (a, b):
+        entry = dedup.check(message)
+        assert entry is not None
+        assert entry.token == TOKEN
+        assert entry.id_state(now_ms()) is IdState.DONE
+
+
+def test_the_done_mark_completes_only_this_batchs_claims_and_acks_the_outbox(
         redis_url: str, redis_client: redis.Redis, key_prefix: str) -> None:
     ids = [new_message_id() for _ in range(7)]
     conf = settings(redis_url, key_prefix)
-    list(claim_partition(conf, iter([rows(ids[:6], list(range(6)))])))
-    ours = rows(ids, list(range(7)))  # the 7th was never claimed: ABSENT, not marked
-    batch = pa.RecordBatch.from_arrays([ours[0], ours[1], ours[2]],
-                                       ["id", "owner", "expires_at_ms"])
+    assert claim(conf, rows(ids[:6], list(range(6)))) == [["new"] * 6]
+    dedup = store(redis_client, key_prefix)
+    expires = now_ms() + 600_000
+    dedup.claim("consumer-batch", [Claim(ids[6], at(9, "a-group"), expires)])
+    outbox = Outbox(redis_client, KeySpace(prefix=key_prefix, shards=4))
+    stored = outbox.put([OutboxRecord(id=i, topic=TOPIC, key=None, value=b"v",
+                                      created_at_ms=now_ms(), expires_at_ms=expires)
+                         for i in ids[:4]], owner="p1", keep_until=KeepUntil.CONSUMED,
+                        resend_after_ms=60_000)
+    assert len(stored.stored) == 4
 
-    counts = done_partition(conf, iter([batch]))
-    again = done_partition(conf, iter([batch]))
+    before = dedup.batch_records(TOKEN)
+    dedup.finish(TOKEN)
+    after = dedup.batch_records(TOKEN)
+    dedup.finish(TOKEN)  # again (a replay): nothing changes
+    acked = ack_partition(conf, iter([pa.RecordBatch.from_pydict({"id": ids[:6]})]))
 
-    assert counts == Counter({DoneResult.OK: 6, DoneResult.ABSENT: 1})
-    assert again == Counter({DoneResult.ALREADY_DONE: 6, DoneResult.ABSENT: 1})
-    entry = store(redis_client, key_prefix).check(ids[0])
-    assert entry is not None
-    assert entry.state is DedupState.DONE
+    opened = [r for r in before if r is not None]
+    print(f"records open before={len(opened)} done after="
+          f"{sum(r is not None and r.state is BatchState.DONE for r in after)} acked={acked}")
+    assert opened
+    assert all(r.state is BatchState.OPEN for r in opened)
+    assert [r is None for r in after] == [r is None for r in before]
+    assert all(r.state is BatchState.DONE for r in after if r is not None)
+    assert dedup.batch_records(TOKEN) == after
+    now = now_ms()
+    for message in ids[:6]:
+        entry = dedup.check(message)
+        assert entry is not None
+        assert entry.id_state(now) is IdState.DONE
+    other = dedup.check(ids[6])
+    assert other is not None
+    assert other.id_state(now) is IdState.IN_PROGRESS  # another batch's claim: not ours to mark
+    assert acked == 4
+    assert all(outbox.get(i) is None for i in ids[:4])

@@ -1,5 +1,5 @@
 """Envelope decoding as Spark Columns: marker, fingerprint, from_avro PERMISSIVE, versions,
-payload schemas, expiry; and the owner token Spark builds matches eoguard's."""
+payload schemas, expiry; and the claim position Spark builds matches eoguard's."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from pyspark.sql import DataFrame, SparkSession
 
 from eoguard.codec import MAGIC, EnvelopeCodec, PayloadCodec, SchemaRegistry, fingerprint_of
 from eoguard.envelope import Envelope, now_ms
-from eoguard.store.dedup import owner_token
+from eoguard.store.dedup import parse_position, position
 from eoguard_spark.decode import RowStatus, decode
-from eoguard_spark.dedup import owner_column
+from eoguard_spark.dedup import position_column
 
 pytestmark = pytest.mark.spark
 
@@ -122,9 +122,19 @@ def test_payload_decodes_into_columns_with_its_schema(spark: SparkSession) -> No
     assert rows[2]["reason"] == f"corrupt payload: not a valid {ORDER}"
 
 
-def test_owner_column_spells_eoguards_owner_token(spark: SparkSession) -> None:
-    df = kafka_rows(spark, [b"a", b"b"]).select(owner_column("billing", "spark-q1").alias("owner"),
-                                                "offset")
-    assert {r["owner"] for r in df.collect()} == {
-        owner_token("billing", "spark-q1", "orders", 3, 0),
-        owner_token("billing", "spark-q1", "orders", 3, 1)}
+def test_position_column_spells_eoguards_position(spark: SparkSession) -> None:
+    """Length prefixes included, for topics and readers holding '|', ':', digits, non-ASCII
+    characters and characters outside the BMP (Spark's length and Python's len agree)."""
+    reader = "spark|q:1 \u00fc\U0001f600"
+    topics = ["orders", "a|b:c", "12:x|3", "\u00f6l-\U0001f600", ""]
+    df = spark.createDataFrame([(t, p, o) for t in topics for p, o in ((0, 0), (3, 2**40))],
+                               "topic string, partition int, offset long")
+
+    got = {r["position"] for r in df.select(position_column(reader).alias("position")).collect()}
+
+    expected = {position(reader, t, p, o) for t in topics for p, o in ((0, 0), (3, 2**40))}
+    print(f"positions checked={len(got)}")
+    assert got == expected
+    assert len(got) == 10
+    assert {parse_position(text) for text in got} == {
+        (reader, t, p, o) for t in topics for p, o in ((0, 0), (3, 2**40))}

@@ -3,8 +3,10 @@ replayed micro-batches, the watermark mode and the foreach_batch hook."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import uuid
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -14,11 +16,14 @@ import pytest
 import redis
 from pyspark.sql import DataFrame, SparkSession
 
+from eoguard.envelope import now_ms
 from eoguard.errors import ConfigError
 from eoguard.stack.feed import envelope, produce
-from eoguard.store.dedup import Claim, DedupState, DedupStore, owner_token
+from eoguard.store.dedup import Claim, DedupStore, IdState, parse_position, position
+from eoguard.store.dedup_admin import scan_entries
 from eoguard.store.keys import KeySpace
-from eoguard_spark import DedupMode, build_query
+from eoguard_spark import DedupMode, JobOptions, build_query
+from eoguard_spark.dedup import batch_token
 from eoguard_spark.sink import default_reader, query_id_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -43,6 +48,19 @@ def totals(stats: list[Any]) -> Counter[str]:
     return out
 
 
+def lose_batch(options: JobOptions, batch_id: int) -> None:
+    """As if a crash lost batch ``batch_id``'s Spark commit, its ledger entry and its Parquet
+    directory, after its done mark landed: the batch runs again from its claims."""
+    assert options.output_path is not None
+    forget(Path(options.checkpoint) / "commits", batch_id)
+    forget(Path(options.checkpoint) / "eoguard" / "sunk", batch_id)
+    shutil.rmtree(Path(options.output_path) / f"batch_id={batch_id}")
+
+
+def shards_of(options: JobOptions, ids: Any) -> set[int]:
+    return {options.keyspace().shard_of(i) for i in ids}
+
+
 def test_duplicates_in_the_topic_come_out_once(spark, new_topic, kafka_bootstrap, job_options,
                                                run_job, redis_client: redis.Redis) -> None:
     topic = new_topic(4)
@@ -63,15 +81,22 @@ def test_duplicates_in_the_topic_come_out_once(spark, new_topic, kafka_bootstrap
     counted = totals(stats)
     assert counted["new"] == 60
     assert counted["duplicate"] == 28  # copies in the same batch too: no wait, no "busy"
-    assert sum(b.done for b in stats) == 60
-    store = DedupStore(redis_client, scope="app", keys=KeySpace(prefix=options.key_prefix))
-    entry = store.check(originals[0].id)
-    assert entry is not None
-    assert entry.state is DedupState.DONE
+    assert all(b.records_done > 0 for b in stats if b.rows.get("new"))
+    assert sum(b.records_already_done + b.records_lapsed for b in stats) == 0
+    # Every claim the job made names one of its batches, is done, and lies at a position of
+    # this query's reader on the topic.
+    query_id = query_id_of(spark, options.checkpoint)
+    reader = default_reader(query_id)
+    tokens = {batch_token(reader, query_id, b.batch_id) for b in stats}
+    entries = [e for page in scan_entries(redis_client, options.keyspace(), scope="app")
+               for e in page]
+    now = now_ms()
+    print(f"claim keys={len(entries)} batch tokens={len(tokens)}")
+    assert sorted(e.message_id for e in entries) == sorted(e.id for e in originals)
+    assert all(e.token in tokens and e.id_state(now) is IdState.DONE for e in entries)
+    assert {parse_position(e.position)[:2] for e in entries} == {(reader, topic)}
     # The default reader names the query by the id its checkpoint keeps, and is recorded there.
-    reader = default_reader(query_id_of(spark, options.checkpoint))
     assert reader.startswith("spark-")
-    assert entry.owner.startswith(f"app|{reader}|{topic}|")
     assert (Path(options.checkpoint) / "eoguard" / "reader").read_text() == reader
 
 
@@ -82,20 +107,29 @@ def test_claims_held_elsewhere_are_waited_on_then_taken_over_or_skipped(
     produce(kafka_bootstrap, topic, [lapsing, held, free])
     options = job_options([topic], busy_wait_s=4.0)
     keys = KeySpace(prefix=options.key_prefix)
-    elsewhere = "app|a-group|other-topic|0|"  # e.g. a GuardedConsumer of the scope, mid-handling
+    # e.g. a GuardedConsumer of the scope, mid-handling: its batches, its positions
+    elsewhere = position("a-group", "other-topic", 0, 2)
     DedupStore(redis_client, scope="app", keys=keys, lease_ms=1_500).claim(
-        [Claim(lapsing.id, elsewhere + "1", lapsing.expires_at_ms)])
+        "consumer-1", [Claim(lapsing.id, position("a-group", "other-topic", 0, 1),
+                             lapsing.expires_at_ms)])
     DedupStore(redis_client, scope="app", keys=keys, lease_ms=600_000).claim(
-        [Claim(held.id, elsewhere + "2", held.expires_at_ms)])
+        "consumer-2", [Claim(held.id, elsewhere, held.expires_at_ms)])
 
     stats = run_job(options)
 
     assert ids_of(spark, options.output_path) == Counter([lapsing.id, free.id])
     counted = totals(stats)
-    assert (counted["new"], counted["taken_over"], counted["busy"]) == (1, 1, 1)
-    entry = DedupStore(redis_client, scope="app", keys=keys).check(held.id)
+    assert (counted["new"], counted["busy"]) == (2, 1)  # `lapsing` taken over once it lapsed
+    store = DedupStore(redis_client, scope="app", keys=keys)
+    entry = store.check(held.id)
     assert entry is not None
-    assert entry.owner == elsewhere + "2"  # still the other owner's, never marked done by us
+    # still the other reader's, never marked done by the job
+    assert (entry.token, entry.position) == ("consumer-2", elsewhere)
+    assert entry.id_state(now_ms()) is IdState.IN_PROGRESS
+    taken = store.check(lapsing.id)
+    assert taken is not None
+    assert taken.token != "consumer-1"
+    assert taken.id_state(now_ms()) is IdState.DONE
 
 
 def test_a_replay_re_owns_the_copy_its_earlier_attempt_claimed(
@@ -106,9 +140,13 @@ def test_a_replay_re_owns_the_copy_its_earlier_attempt_claimed(
     message = envelope(b"twice")
     produce(kafka_bootstrap, topic, [message, message.with_attempt(2)])  # offsets 0 and 1
     options = job_options([topic], busy_wait_s=3.0, lease_s=600.0, reader="replayer")
+    # The query id is the checkpoint's: given here, so the earlier attempt's token is known.
+    query_id = str(uuid.uuid4())
+    Path(options.checkpoint).mkdir(parents=True)
+    (Path(options.checkpoint) / "metadata").write_text(json.dumps({"id": query_id}) + "\n")
     DedupStore(redis_client, scope="app", keys=KeySpace(prefix=options.key_prefix),
-               lease_ms=600_000).claim([Claim(message.id, owner_token("app", "replayer", topic, 0, 1),
-                                              message.expires_at_ms)])
+               lease_ms=600_000).claim(batch_token("replayer", query_id, 0), [
+                   Claim(message.id, position("replayer", topic, 0, 1), message.expires_at_ms)])
 
     stats = run_job(options)
 
@@ -158,7 +196,9 @@ def test_a_replayed_batch_replaces_its_output(spark, new_topic, kafka_bootstrap,
     assert [b.batch_id for b in again] == [last]
     assert again[0].replayed
     assert ids_of(spark, options.output_path) == Counter(e.id for e in sent)
-    assert again[0].done == 0  # its claims were done before the crash; nothing re-marked
+    # its records were done before the crash; nothing re-marked
+    assert (again[0].records_done, again[0].records_already_done) == (
+        0, first[-1].records_done)
 
 
 def test_a_batch_whose_sink_never_committed_is_written_again(spark, new_topic, kafka_bootstrap,
@@ -182,7 +222,7 @@ def test_a_batch_whose_sink_never_committed_is_written_again(spark, new_topic, k
 
     assert ids_of(spark, options.output_path) == Counter(e.id for e in sent)
     assert totals(again)["mine"] == 12
-    assert again[0].done == 12
+    assert again[0].records_done == len(shards_of(options, (e.id for e in sent)))
 
 
 def test_a_checkpoint_keeps_its_reader(spark, new_topic, kafka_bootstrap, job_options,
@@ -230,7 +270,8 @@ def test_foreach_batch_hook_gets_each_batch_once_with_its_id(spark, new_topic, k
 
     assert sorted(seen) == [b.batch_id for b in stats] == [0, 1, 2]
     assert Counter(i for ids in seen.values() for i in ids) == Counter(e.id for e in sent)
-    assert sum(b.done for b in stats) == 9
+    for batch in stats:  # one batch record per shard of the ids it handled, each marked done
+        assert batch.records_done == len(shards_of(options, seen[batch.batch_id]))
 
 
 def test_a_replayed_batch_does_not_call_the_hook_again_once_recorded(
@@ -251,4 +292,60 @@ def test_a_replayed_batch_does_not_call_the_hook_again_once_recorded(
 
     assert calls == [0]  # the ledger says the sink had it: not called twice
     assert again[0].replayed
-    assert (again[0].done, again[0].already_done) == (0, 6)
+    records = len(shards_of(options, (e.id for e in sent)))
+    assert (first[0].records_done, first[0].records_already_done) == (records, 0)
+    assert (again[0].records_done, again[0].records_already_done) == (0, records)
+
+
+def test_a_replay_of_a_batch_whose_done_landed_writes_the_same_output(
+        spark, new_topic, kafka_bootstrap, job_options, run_job, redis_client: redis.Redis) -> None:
+    """The batch's Spark commit, ledger entry and Parquet directory are lost after its done
+    mark: it claims again under its token, keeps its DONE_HERE rows and writes them again."""
+    topic = new_topic(2)
+    sent = [envelope(b"d%d" % i) for i in range(12)]
+    produce(kafka_bootstrap, topic, [*sent, *sent[:4]])
+    options = job_options([topic])
+    first = run_job(options)
+    assert [b.batch_id for b in first] == [0]
+    before = spark.read.parquet(options.output_path).collect()
+    lose_batch(options, 0)
+
+    again = run_job(options)
+
+    after = spark.read.parquet(options.output_path).collect()
+    print(f"first run rows={dict(first[0].rows)} replay rows={dict(again[0].rows)}")
+    assert first[0].rows == {"new": 12, "duplicate": 4}
+    assert again[0].rows == {"done_here": 12, "duplicate": 4}
+    assert not again[0].replayed  # claimed and written again, not read back
+    assert sorted(map(tuple, after)) == sorted(map(tuple, before))
+    assert (again[0].records_done, again[0].records_already_done) == (
+        0, len(shards_of(options, (e.id for e in sent))))
+
+
+def test_a_replay_of_a_done_batch_leaves_out_a_row_it_did_not_take(
+        spark, new_topic, kafka_bootstrap, job_options, run_job, redis_client: redis.Redis) -> None:
+    """The first run skipped a record another reader held (busy); that reader let it go since.
+    The replay of the done batch meets it free: STALE, left out, so the output is the same."""
+    topic = new_topic(1)
+    held, *others = (envelope(b"t%d" % i) for i in range(5))
+    produce(kafka_bootstrap, topic, [held, *others])
+    options = job_options([topic], key_shards=1, busy_wait_s=1.0)  # one shard: one record
+    store = DedupStore(redis_client, scope="app", keys=options.keyspace(), lease_ms=600_000)
+    by_consumer = Claim(held.id, position("a-group", topic, 0, 0), held.expires_at_ms)
+    store.claim("consumer-1", [by_consumer])
+    first = run_job(options)
+    before = spark.read.parquet(options.output_path).collect()
+    store.release("consumer-1", [by_consumer], strict=True)  # e.g. its handler failed
+    assert store.check(held.id) is None
+    lose_batch(options, 0)
+
+    again = run_job(options)
+
+    after = spark.read.parquet(options.output_path).collect()
+    print(f"first run rows={dict(first[0].rows)} replay rows={dict(again[0].rows)}")
+    assert first[0].rows == {"new": 4, "busy": 1}
+    assert again[0].rows == {"done_here": 4, "stale": 1}
+    assert sorted(map(tuple, after)) == sorted(map(tuple, before))
+    assert {r["id"] for r in after} == {e.id for e in others}
+    assert store.check(held.id) is None  # nothing claimed under the done batch
+    assert (again[0].records_done, again[0].records_already_done) == (0, 1)

@@ -56,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
     add("--lease-s", type=float, default=300.0, help="claim lease; must outlast a batch")
     add("--grace-s", type=float, default=300.0, help="dedup keys live until expires_at + grace")
     add("--busy-wait-s", type=float, default=30.0,
-        help="how long a claim held by another live owner is waited on before it is skipped")
+        help="how long a claim held by another live reader is waited on before it is skipped")
     add("--claim-batch-size", type=int, default=500, help="ids per Redis round trip")
     add("--no-dead-letter-expired", dest="dead_letter_expired", action="store_false",
         help="count expired records only; do not write them to the dead letters")
@@ -67,9 +67,9 @@ def parser() -> argparse.ArgumentParser:
     add("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
         help="extra Kafka source option (e.g. kafka.security.protocol=SSL); repeatable")
     add("--query-name", help="name of the streaming query")
-    add("--reader", help="this query's name in its claim owners (scope|reader|topic|partition|"
-                         "offset); default spark-<12 hex digits of the query id>, recorded in "
-                         "the checkpoint")
+    add("--reader", help="this query's name in its claim positions (reader, topic, partition, "
+                         "offset) and batch tokens; default spark-<12 hex digits of the query "
+                         "id>, recorded in the checkpoint")
     add("--master", default="local[2]", help="Spark master when not under spark-submit")
     add("--shuffle-partitions", type=int, default=4, help="spark.sql.shuffle.partitions")
     return p

@@ -1,4 +1,4 @@
-"""One micro-batch of the job (``foreachBatch``): claim, sinks, ledger, done marks.
+"""One micro-batch of the job (``foreachBatch``): claims, sinks, ledger, done mark, acks.
 
 :class:`BatchProcessor` is the function Spark calls per micro-batch; its docstring lists the
 steps. :class:`BatchStats` is what each batch reports to ``on_batch``.
@@ -16,13 +16,16 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
+from eoguard.envelope import now_ms
+from eoguard.store.dedup import BatchState, DedupStore
 from eoguard_spark.decode import DEAD_LETTER_COLUMNS, OUTPUT_COLUMNS, RowStatus
 from eoguard_spark.dedup import (
-    DONE_COUNTS_SCHEMA,
+    ACK_COUNTS_SCHEMA,
     ClaimSettings,
+    ack_partitions,
+    batch_token,
     claim_status,
-    mark_done_partitions,
-    owner_column,
+    position_column,
     resolve_busy,
 )
 from eoguard_spark.options import DedupMode, JobOptions
@@ -37,16 +40,24 @@ ForeachBatch = Callable[[DataFrame, int], None]
 
 @dataclass(slots=True)
 class BatchStats:
-    """What one micro-batch did. ``replayed``: its sinks had committed before a crash."""
+    """What one micro-batch did. ``replayed``: its sinks had committed before a crash.
+
+    The ``records_*`` counts are the batch's records (one per shard it claimed on) as the done
+    mark found them: open (``records_done``: marked done now), done already (a replay whose
+    done mark had landed), and open but past their lease by this host's clock
+    (``records_lapsed``, counted in ``records_done`` too: claims of them may have been taken
+    over by another reader, which then handles those messages too).
+    """
 
     batch_id: int
     rows: dict[str, int] = field(default_factory=dict)  # RowStatus value -> count
-    done: int = 0
-    already_done: int = 0
-    not_owned: int = 0
+    records_done: int = 0
+    records_already_done: int = 0
+    records_lapsed: int = 0
+    acked: int = 0  # senders' outbox records acknowledged
     replayed: bool = False
     duration_s: float = 0.0
-    phases_s: dict[str, float] = field(default_factory=dict)  # claim, sinks, hook, done
+    phases_s: dict[str, float] = field(default_factory=dict)  # classify, sinks, hook, done, ack
 
     @property
     def written(self) -> int:
@@ -62,24 +73,28 @@ class BatchStats:
 
 
 class BatchProcessor:
-    """The ``foreachBatch`` function. Per micro-batch ``N``:
+    """The ``foreachBatch`` function. Per micro-batch ``N`` (Redis mode: under the token
+    :func:`eoguard_spark.dedup.batch_token` derives from the reader, the query id and ``N``):
 
     Step 1. If the ledger says the sinks committed ``N`` (a crash hit after that), go to
             Step 5: nothing is claimed or written again.
-    Step 2. Redis mode: claim the batch's ids on the executors (owner = this query's reader
-            and the record's source position, the reader being kept in the checkpoint); a
-            claim this query holds at another position is a duplicate at once. Claims another
+    Step 2. Redis mode: claim the batch's ids on the executors at each record's position as
+            this query's reader sees it (the reader being kept in the checkpoint); a claim
+            this batch holds at another position is a duplicate at once. Claims another
             reader holds (BUSY) are resolved after the pass: a duplicate of a row this batch
-            won is dropped, others are waited on and claimed again. The classified rows are
-            cached for Steps 3-4 and counted by status.
+            won is dropped, others are waited on and claimed again. If the batch's done mark
+            had landed before (a replay that lost its ledger entry and its Parquet commit),
+            its DONE_HERE rows are kept and rows it did not take the first time are left out
+            (``stale``, ``busy``), so it writes what the first run wrote. The classified rows
+            are cached for Steps 3-4 and counted by status.
     Step 3. Dead letters (malformed, expired), then the accepted rows to the Parquet sink:
             written to a temporary directory and renamed to ``batch_id=N`` (replace, never
             append). If the Parquet sink committed ``N`` already, its rows are the batch's.
     Step 4. The user's ``foreach_batch(rows, N)``; then the ledger records ``N``.
-    Step 5. Redis mode: mark the claims done on the executors, a second pass (one task per
-            core) over the ``(id, owner)`` of what the sinks hold; only now can duplicates
-            elsewhere in the scope be dropped for good, and the senders' outbox records be
-            acknowledged.
+    Step 5. Redis mode: mark the batch's records done from the driver, one script call (per
+            shard on Redis Cluster); only now can duplicates elsewhere in the scope be dropped
+            for good. Then, unless ``ack_outbox`` is off, acknowledge the senders' outbox
+            records of the rows the sinks hold on the executors (one task per core).
     """
 
     def __init__(self, spark: SparkSession, options: JobOptions, *,
@@ -93,17 +108,29 @@ class BatchProcessor:
         self.ledger = BatchLedger(spark, options.checkpoint)
         self._sinks: tuple[ParquetBatchSink | None, ParquetBatchSink | None] | None = None
         self._reader: str | None = None
+        self._query_id: str | None = None
+        self._dedup: DedupStore | None = None
 
     def reader(self) -> str:
-        """This query's reader in its claim owners (recorded in the checkpoint; stable)."""
+        """This query's reader in its claim positions (recorded in the checkpoint; stable)."""
         if self._reader is None:
             self._reader = resolve_reader(self.spark, self.options.checkpoint, self.options.reader)
         return self._reader
 
+    def query_id(self) -> str:
+        """The query id Spark keeps in the checkpoint (stable across driver restarts)."""
+        if self._query_id is None:
+            self._query_id = query_id_of(self.spark, self.options.checkpoint)
+        return self._query_id
+
+    def token(self, batch_id: int) -> str:
+        """The token of micro-batch ``batch_id``: the same for every attempt and replay."""
+        return batch_token(self.reader(), self.query_id(), batch_id)
+
     def sinks(self) -> tuple[ParquetBatchSink | None, ParquetBatchSink | None]:
         """(output, dead letters), bound to the query id once the checkpoint has it."""
         if self._sinks is None:
-            query_id = query_id_of(self.spark, self.options.checkpoint)
+            query_id = self.query_id()
             out, dead = self.options.output_path, self.options.dead_letter_path
             self._sinks = (
                 ParquetBatchSink(self.spark, out, query_id=query_id) if out else None,
@@ -115,6 +142,7 @@ class BatchProcessor:
         started = time.monotonic()
         stats = BatchStats(batch_id)
         redis_mode = self.options.dedup is DedupMode.REDIS
+        token = self.token(batch_id) if redis_mode else ""
         output = self.sinks()[0]
         cached: list[DataFrame] = []
         try:
@@ -122,14 +150,17 @@ class BatchProcessor:
                 stats.replayed = True
                 held = output.read(batch_id) if output else self._own_rows(df)
             else:
-                held = self._write(df, batch_id, stats, cached)
+                held = self._write(df, batch_id, token, stats, cached)
                 if self.foreach_batch is not None:  # Step 4.
                     with stats.phase("hook"):
                         self.foreach_batch(held, batch_id)
                 self.ledger.put(batch_id)
             if redis_mode:  # Step 5.
                 with stats.phase("done"):
-                    self._mark_done(held, stats)
+                    self._mark_done(token, stats)
+                if self.options.ack_outbox:
+                    with stats.phase("ack"):
+                        self._ack(held, stats)
         finally:
             for frame in cached:
                 frame.unpersist()
@@ -138,8 +169,8 @@ class BatchProcessor:
         if self.on_batch is not None:
             self.on_batch(stats)
 
-    def _write(self, df: DataFrame, batch_id: int, stats: BatchStats, cached: list[DataFrame]
-               ) -> DataFrame:
+    def _write(self, df: DataFrame, batch_id: int, token: str, stats: BatchStats,
+               cached: list[DataFrame]) -> DataFrame:
         """Steps 2 and 3: returns the rows the sinks hold; adds cached frames to ``cached``."""
         output, dead = self.sinks()
         if output is not None and output.committed(batch_id):
@@ -158,15 +189,19 @@ class BatchProcessor:
         status = F.col("status")
         with stats.phase("classify"):
             if self.options.dedup is DedupMode.REDIS:  # Step 2.
-                first_pass = replace(self.settings, busy_wait_ms=0)
-                owned = df.withColumn("owner", owner_column(self.options.scope, self.reader()))
-                classified = keep(owned.withColumn("status", claim_status(first_pass)))
-                if stats.rows.pop(RowStatus.BUSY.value, 0):
+                settings = replace(self.settings, token=token, token_done=self._is_done(token))
+                first_pass = replace(settings, busy_wait_ms=0)
+                positioned = df.withColumn("position", position_column(self.reader()))
+                classified = keep(positioned.withColumn("status", claim_status(first_pass)))
+                # A replay of a done batch waits on nothing: what it did not take the first
+                # time it leaves out.
+                if stats.rows.get(RowStatus.BUSY.value) and not settings.token_done:
+                    del stats.rows[RowStatus.BUSY.value]
                     # Only the few settled rows are cached again, not the whole batch.
-                    settled = keep(resolve_busy(classified, self.settings))
+                    settled = keep(resolve_busy(classified, settings))
                     classified = (classified.filter(status != RowStatus.BUSY.value)
                                   .unionByName(settled))
-                columns.append("owner")
+                columns.append("position")
             else:
                 classified = keep(df)
         with stats.phase("sinks"):
@@ -181,26 +216,48 @@ class BatchProcessor:
         return accepted
 
     def _own_rows(self, df: DataFrame) -> DataFrame:
-        """The rows this batch may have claimed, when no Parquet sink keeps what it wrote.
+        """The rows this batch may have handled, when no Parquet sink keeps what it wrote:
+        every ``ok`` row (only their ids are used: the outbox acknowledgement)."""
+        return df.filter(F.col("status") == RowStatus.OK.value)
 
-        Marking done a claim that is not ours is refused by the done script (NOT_OWNED), so
-        the done pass over every ``ok`` row only completes this batch's own claims.
-        """
-        return (df.filter(F.col("status") == RowStatus.OK.value)
-                .withColumn("owner", owner_column(self.options.scope, self.reader())))
+    def _store(self) -> DedupStore:
+        """The scope's dedup store on the driver's own client (kept for the query's life)."""
+        if self._dedup is None:
+            self._dedup = self.settings.store(self.settings.connect())
+        return self._dedup
 
-    def _mark_done(self, held: DataFrame, stats: BatchStats) -> None:
+    def _is_done(self, token: str) -> bool:
+        """Whether a done mark of the batch ``token`` landed already (on any shard)."""
+        records = self._store().batch_records(token)
+        return any(r is not None and r.state is BatchState.DONE for r in records)
+
+    def _mark_done(self, token: str, stats: BatchStats) -> None:
+        """Mark every batch record of ``token`` done (the executors released every claim
+        whose row did not reach the sinks, so each claim still naming it is handled)."""
+        store = self._store()
+        before = store.batch_records(token)  # for the statistics only
+        store.finish(token)
+        now = now_ms()
+        for record in before:
+            if record is None:
+                continue
+            if record.state is BatchState.DONE:
+                stats.records_already_done += 1
+            else:
+                stats.records_done += 1
+                if record.at_ms <= now:
+                    stats.records_lapsed += 1
+        if stats.records_lapsed:
+            log.warning("batch %d: the lease of %d of its records had lapsed before its done "
+                        "mark (lease_s=%s too short for the batch?): another reader of the "
+                        "scope may have taken claims over", stats.batch_id,
+                        stats.records_lapsed, self.options.lease_s)
+
+    def _ack(self, held: DataFrame, stats: BatchStats) -> None:
+        """Acknowledge the senders' outbox records of the rows the sinks hold."""
         # One task per core: a Python task has a fixed cost (its Python runner, a Redis
         # connection), and this pass is cheap per row.
-        rows = (held.select("id", "owner", F.unix_millis("expires_at").alias("expires_at_ms"))
-                .coalesce(self.spark.sparkContext.defaultParallelism))
+        rows = held.select("id").coalesce(self.spark.sparkContext.defaultParallelism)
         # One row of counts per partition comes back (never the rows themselves).
-        for part in rows.mapInArrow(mark_done_partitions(self.settings),
-                                    DONE_COUNTS_SCHEMA).collect():
-            stats.done += int(part["done"])
-            stats.already_done += int(part["already_done"])
-            stats.not_owned += int(part["not_owned"])
-        if stats.not_owned:
-            log.warning("batch %d: %d claims were no longer ours at done time (lease_s=%s too "
-                        "short for the batch?)", stats.batch_id, stats.not_owned,
-                        self.options.lease_s)
+        for part in rows.mapInArrow(ack_partitions(self.settings), ACK_COUNTS_SCHEMA).collect():
+            stats.acked += int(part["acked"])

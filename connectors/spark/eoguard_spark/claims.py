@@ -1,8 +1,11 @@
 """The claim pass on the executors: one Spark partition's rows claimed against Redis.
 
 Plain Python over Arrow arrays (no pyspark): :mod:`eoguard_spark.dedup` wraps
-:func:`claim_partition` in an Arrow UDF. Which copy of an id wins is decided by Redis, so a
-replay re-owns the copy its earlier attempt claimed however Spark partitions it.
+:func:`claim_partition` in an Arrow UDF. Every task of a micro-batch claims under the batch's
+token (:func:`eoguard_spark.dedup.batch_token`) at the row's position, so which copy of an id
+wins is decided by Redis, and a retried task or a replay re-owns the copy its earlier attempt
+claimed however Spark partitions it. A partition claims only rows that reach the sinks: a
+claim it lets go is released at once.
 """
 
 from __future__ import annotations
@@ -14,35 +17,32 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pyarrow as pa
 import redis
 
-from eoguard.store.dedup import Claim, ClaimResult, DedupState, read_entries
+from eoguard.store.dedup import BatchState, Claim, ClaimResult, DedupState
+from eoguard.store.dedup_admin import read_entries
 from eoguard_spark.decode import RowStatus
 from eoguard_spark.worker import IN_FLIGHT, ClaimSettings, freeze_loaded_objects, in_flight
 
 __all__ = ["ClaimInput", "claim_partition"]
 
-ClaimInput = tuple[pa.Array, pa.Array, pa.Array, pa.Array]  # id, owner, expires_at_ms, status
+ClaimInput = tuple[pa.Array, pa.Array, pa.Array, pa.Array]  # id, position, expires_at_ms, status
 
 _STATUS_OF = {
     ClaimResult.NEW: RowStatus.NEW.value,
     ClaimResult.MINE: RowStatus.MINE.value,
-    ClaimResult.TAKEN_OVER: RowStatus.TAKEN_OVER.value,
-    ClaimResult.DONE: RowStatus.DUPLICATE.value,
-    ClaimResult.REDELIVERED: RowStatus.DUPLICATE.value,  # in a sink committed before the replay
+    ClaimResult.DONE_HERE: RowStatus.DONE_HERE.value,
+    ClaimResult.DUPLICATE: RowStatus.DUPLICATE.value,
     ClaimResult.BUSY: RowStatus.BUSY.value,
     ClaimResult.EXPIRED: RowStatus.EXPIRED.value,
-    # done by another reader whose effects half applied: done for the job (it passes no
+    # done by a reader whose effects half applied: done for every reader (the job passes no
     # effects, so never PARTIAL of its own)
     ClaimResult.PARTIAL: RowStatus.DUPLICATE.value,
+    ClaimResult.STALE: RowStatus.STALE.value,
 }
 _OK, _NEW, _BUSY = RowStatus.OK.value, RowStatus.NEW.value, RowStatus.BUSY.value
-_DUPLICATE = RowStatus.DUPLICATE.value
-_HANDLED = frozenset(r for r in ClaimResult if r.should_handle)
-_BUSY_POLL_S = 0.5  # how often a BUSY claim is retried: the other owner may finish any time
-
-
-def _reader_of(owner: str) -> str:
-    """``scope|reader`` of an owner token (topics hold no ``|``: it parses from the right)."""
-    return owner.rsplit("|", 3)[0]
+_DUPLICATE, _STALE = RowStatus.DUPLICATE.value, RowStatus.STALE.value
+_KEPT = (ClaimResult.NEW, ClaimResult.MINE)  # rows that reach the sinks
+_KEPT_IN_REPLAY = (ClaimResult.MINE, ClaimResult.DONE_HERE)  # ... when the batch was done
+_BUSY_POLL_S = 0.5  # how often a BUSY claim is retried: the other holder may finish any time
 
 
 class _Partition:
@@ -51,6 +51,7 @@ class _Partition:
     def __init__(self, settings: ClaimSettings, client: redis.Redis[bytes],
                  pool: ThreadPoolExecutor) -> None:
         self.settings = settings
+        self.token = settings.token
         self.client = client
         self.store = settings.store(client)
         self.pool = pool  # round trips in flight
@@ -58,24 +59,22 @@ class _Partition:
 
     def claim_batch(self, arrays: ClaimInput) -> pa.Array:
         """The status column of one input batch after claiming its ``ok`` rows."""
-        id_array, owner_array, expires_array, status_array = arrays
+        id_array, position_array, expires_array, status_array = arrays
         status: list[str] = status_array.to_pylist()
         todo = [i for i, row_status in enumerate(status) if row_status == _OK]
         if todo:
-            self.claim_rows(status, todo, id_array.to_pylist(), owner_array.to_pylist(),
+            self.claim_rows(status, todo, id_array.to_pylist(), position_array.to_pylist(),
                             expires_array.to_pylist())
         return pa.array(status, pa.string())
 
     def claim_rows(self, status: list[str], todo: list[int], ids: list[str],
-                   owners: list[str], expires: list[int]) -> None:
+                   positions: list[str], expires: list[int]) -> None:
         """Set ``status[i]`` of the rows ``todo`` (all ``ok``) to their claim's outcome.
 
         Step 1. A copy of an id this partition won already is a duplicate, with no claim.
-        Step 2. Claim the rest, ``batch_size`` per round trip.
-        Step 3. A claim held by another owner (BUSY) whose holder is this query (the same
-                ``scope|reader``: a copy of the id elsewhere in this batch) or that is done by
-                now is a duplicate: the holder's copy is the one handled. One GET per such
-                claim, pipelined; no wait.
+        Step 2. Claim the rest under the batch's token, ``batch_size`` per round trip.
+        Step 3. Settle the results (:meth:`_settle`): a BUSY claim held by this batch's token
+                (a copy of the id elsewhere in the batch) or done by now is a duplicate.
         Step 4. Other BUSY claims are claimed again until ``busy_wait_ms`` (none in the
                 first pass, see :func:`eoguard_spark.dedup.resolve_busy`), else stay busy.
         """
@@ -86,50 +85,71 @@ class _Partition:
             if ids[i] in won:
                 status[i] = _DUPLICATE
             else:
-                claims.append(store.new_claim(ids[i], owners[i], expires[i]))
+                claims.append(store.new_claim(ids[i], positions[i], expires[i]))
                 rows.append(i)
         results, lease_ms = self._claim_round(claims)  # Step 2.
-        if results.count(ClaimResult.NEW) == len(results):  # the common case: all new
-            won.update(claim.message_id for claim in claims)
+        if not self.settings.token_done and results.count(ClaimResult.NEW) == len(results):
+            won.update(claim.message_id for claim in claims)  # the common case: all new
             for i in rows:
                 status[i] = _NEW
             return
-        won.update(claim.message_id for claim, result in zip(claims, results, strict=True)
-                   if result in _HANDLED)
-        busy: list[int] = []
-        for j, (i, result) in enumerate(zip(rows, results, strict=True)):
-            if result is not ClaimResult.BUSY:
-                status[i] = _STATUS_OF[result]
-            elif claims[j].message_id in won:
-                status[i] = _DUPLICATE
-            else:
-                status[i] = _BUSY
-                busy.append(j)
-        if busy:
-            self._settle_busy(status, [claims[j] for j in busy], [rows[j] for j in busy],
-                              [lease_ms[j] for j in busy])
+        settled, busy = self._settle(claims, results)  # Step 3.
+        for i, row_status in zip(rows, settled, strict=True):
+            status[i] = row_status
+        if busy and self.settings.busy_wait_ms > 0:  # Step 4.
+            waited = self._wait_on_busy([claims[j] for j in busy], [lease_ms[j] for j in busy])
+            for j, row_status in zip(busy, waited, strict=True):
+                status[rows[j]] = row_status
 
-    def _settle_busy(self, status: list[str], claims: list[Claim], at: list[int],
-                     lease_ms: list[int]) -> None:
-        """Steps 3 and 4 of :meth:`claim_rows` for the BUSY ``claims`` of rows ``at``."""
-        here = self._held_here(claims)  # Step 3.
-        for i, held_here in zip(at, here, strict=True):
-            if held_here:
-                status[i] = _DUPLICATE
-        waiting = [j for j, held_here in enumerate(here) if not held_here]
-        if waiting and self.settings.busy_wait_ms > 0:  # Step 4.
-            waited = self._wait_on_busy([claims[j] for j in waiting],
-                                        [lease_ms[j] for j in waiting])
-            for j, outcome in zip(waiting, waited, strict=True):
-                status[at[j]] = outcome
+    def _settle(self, claims: list[Claim], results: list[ClaimResult]
+                ) -> tuple[list[str], list[int]]:
+        """The row status of each claim's result, and the indexes of the claims still BUSY.
+
+        NEW and MINE rows are handled. When the batch's done mark had landed before this pass
+        (``token_done``: a replay whose sinks must write what the first run wrote), a DONE_HERE
+        row is kept (handled by this batch, written again through the idempotent sink) and a
+        NEW claim is released and its row left out as ``stale``: the first run did not take
+        it. Without it, a DONE_HERE row was done by another claim pass of this reader (another
+        query under the same reader name): a duplicate. A BUSY claim held by this batch's token
+        (another copy of the id in this batch) or done by now is a duplicate.
+        """
+        won, token_done = self.won, self.settings.token_done
+        kept = _KEPT_IN_REPLAY if token_done else _KEPT
+        won.update(claim.message_id for claim, result in zip(claims, results, strict=True)
+                   if result in kept)
+        out: list[str] = []
+        busy: list[int] = []
+        release: list[Claim] = []
+        for j, (claim, result) in enumerate(zip(claims, results, strict=True)):
+            if result is ClaimResult.NEW and token_done:
+                release.append(claim)
+                out.append(_STALE)
+            elif result is ClaimResult.DONE_HERE and not token_done:
+                out.append(_DUPLICATE)
+            elif result is not ClaimResult.BUSY:
+                out.append(_STATUS_OF[result])
+            elif claim.message_id in won:
+                out.append(_DUPLICATE)
+            else:
+                out.append(_BUSY)
+                busy.append(j)
+        if release:  # claimed, but the row will not reach the sinks: not ours to keep
+            self.store.release(self.token, release)
+        if busy:
+            here = self._held_here([claims[j] for j in busy])
+            for j, held_here in zip(busy, here, strict=True):
+                if held_here:
+                    out[j] = _DUPLICATE
+            busy = [j for j, held_here in zip(busy, here, strict=True) if not held_here]
+        return out, busy
 
     def _claim_round(self, claims: list[Claim]) -> tuple[list[ClaimResult], dict[int, int]]:
         """Claim once, ``batch_size`` per round trip: the results, and the lease left (ms) of
         each BUSY claim by its index."""
-        store, size = self.store, self.settings.batch_size
+        store, size, token = self.store, self.settings.batch_size, self.token
         results: list[ClaimResult] = []
         lease_ms: dict[int, int] = {}
-        chunks = (store.prepare_claim(claims[start:start + size])
+        chunks = (store.prepare_claim(token, claims[start:start + size])
                   for start in range(0, len(claims), size))
         for report in in_flight(store, chunks, "claiming a batch", self.pool):
             lease_ms.update((len(results) + j, left) for j, left in report.lease_ms.items())
@@ -137,7 +157,7 @@ class _Partition:
         return results, lease_ms
 
     def _held_here(self, claims: list[Claim]) -> list[bool]:
-        """Per BUSY claim: is its holder this query (same ``scope|reader``), or is it done?"""
+        """Per BUSY claim: is it held by this batch's token, or done (or PARTIAL) by now?"""
         out: list[bool] = []
         keys, size = self.store.keys, self.settings.batch_size
         for start in range(0, len(claims), size):
@@ -146,15 +166,15 @@ class _Partition:
             for claim in chunk:
                 entry = entries.get(claim.key)
                 out.append(entry is not None and (
-                    entry.state is not DedupState.CLAIMED  # done (or done, partially)
-                    or _reader_of(entry.owner) == _reader_of(claim.owner)))
+                    entry.token == self.token or entry.state is DedupState.PARTIAL
+                    or (entry.batch is not None and entry.batch.state is BatchState.DONE)))
         return out
 
     def _wait_on_busy(self, claims: list[Claim], lease_left_ms: list[int]) -> list[str]:
         """Claim BUSY claims again until ``busy_wait_ms`` has passed; the status of each.
 
-        A claim still BUSY at the deadline stays ``busy``; one whose id this partition has
-        won meanwhile is a duplicate.
+        A claim still BUSY at the deadline stays ``busy`` (skipped: its holder handles it);
+        one taken over once the holder's lease lapsed is ``new``.
         """
         out = [_BUSY] * len(claims)
         deadline = time.monotonic() + self.settings.busy_wait_ms / 1000
@@ -164,21 +184,13 @@ class _Partition:
             if left_s <= 0:
                 break
             time.sleep(min(left_s, _BUSY_POLL_S, min(lease_left_ms) / 1000 + 0.01))
-            outcomes = self.store.claim([claims[i] for i in pending])
-            still: list[int] = []
-            lease_left_ms = []
-            for i, outcome in zip(pending, outcomes, strict=True):
-                if outcome.result is ClaimResult.BUSY:
-                    still.append(i)
-                    lease_left_ms.append(outcome.lease_ms)
-                else:
-                    out[i] = _STATUS_OF[outcome.result]
-                    if outcome.result.should_handle:
-                        self.won.add(claims[i].message_id)
-            for i in still:
-                if claims[i].message_id in self.won:
-                    out[i] = _DUPLICATE
-            pending = [i for i in still if claims[i].message_id not in self.won]
+            outcomes = self.store.claim(self.token, [claims[i] for i in pending])
+            settled, still = self._settle([o.claim for o in outcomes],
+                                          [o.result for o in outcomes])
+            for i, row_status in zip(pending, settled, strict=True):
+                out[i] = row_status
+            lease_left_ms = [outcomes[j].lease_ms for j in still]
+            pending = [pending[j] for j in still]
         return out
 
 
@@ -186,9 +198,12 @@ def claim_partition(settings: ClaimSettings, batches: Iterator[ClaimInput]
                     ) -> Iterator[pa.Array]:
     """The status of each row after claiming, one Arrow array per input batch.
 
-    Rows with status ``ok`` are claimed and get the claim's outcome (``new``, ``mine``,
-    ``taken_over``, ``duplicate``, ``busy``, ``expired``); other rows keep their status.
+    Rows with status ``ok`` are claimed under ``settings.token`` and get the claim's outcome
+    (``new``, ``mine``, ``done_here``, ``duplicate``, ``busy``, ``expired``, ``stale``); other
+    rows keep their status.
     """
+    if not settings.token:
+        raise ValueError("a claim pass needs its micro-batch's token (ClaimSettings.token)")
     freeze_loaded_objects()
     client = settings.connect()
     pool = ThreadPoolExecutor(IN_FLIGHT, "eoguard-redis")

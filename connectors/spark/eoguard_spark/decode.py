@@ -33,16 +33,17 @@ class RowStatus(str, enum.Enum):
     OK = "ok"
     MALFORMED = "malformed"
     EXPIRED = "expired"
-    NEW = "new"
-    MINE = "mine"
-    TAKEN_OVER = "taken_over"
+    NEW = "new"  # claimed by this micro-batch: absent before, or taken over (lapsed lease)
+    MINE = "mine"  # claimed at this position before (a retried task, a replay): re-owned
+    DONE_HERE = "done_here"  # a replay of a batch whose done mark landed: written again
     DUPLICATE = "duplicate"
-    BUSY = "busy"
+    BUSY = "busy"  # held by another reader of the scope under a live lease: skipped
+    STALE = "stale"  # a replay of a done batch meeting a row it did not take: left out
 
     @classmethod
     def to_output(cls) -> tuple[str, ...]:
         """Statuses whose rows reach the sinks (``ok``: the modes without Redis claims)."""
-        return (cls.OK.value, cls.NEW.value, cls.MINE.value, cls.TAKEN_OVER.value)
+        return (cls.OK.value, cls.NEW.value, cls.MINE.value, cls.DONE_HERE.value)
 
     @classmethod
     def to_dead_letter(cls, *, expired: bool) -> tuple[str, ...]:
@@ -53,7 +54,8 @@ OUTPUT_COLUMNS = (
     "id", "expires_at", "created_at", "producer", "attempt", "payload_schema", "payload",
     "headers", "key", "topic", "partition", "offset", "kafka_timestamp",
 )
-"""Columns of the output rows (the Redis mode adds ``owner``, the claim's source position)."""
+"""Columns of the output rows (the Redis mode adds ``position``: the claim's position,
+:func:`eoguard.store.dedup.position` of this query's reader and the record)."""
 
 DEAD_LETTER_COLUMNS = (
     "topic", "partition", "offset", "kafka_timestamp", "key", "value", "id", "expires_at",

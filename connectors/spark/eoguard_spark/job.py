@@ -39,9 +39,9 @@ def _check_speculation(spark: SparkSession, options: JobOptions) -> None:
     speculation = str(conf.get("spark.speculation", "false")).strip().lower() == "true"
     if speculation and not options.idempotent_sink:
         raise ConfigError(
-            "spark.speculation=true runs two live attempts of a task under one claim owner "
-            "(this query's reader and the record's source position), so both pass the Redis "
-            "claim and a sink with external effects would see the rows twice. Turn "
+            "spark.speculation=true runs two live attempts of a task under one micro-batch "
+            "token at the same record positions, so both pass the Redis claim and a sink "
+            "with external effects would see the rows twice. Turn "
             "speculation off, or confirm the sink is idempotent per (batch_id, id) with "
             "idempotent_sink=True (--idempotent-sink); the Parquet sink is.")
 

@@ -33,12 +33,13 @@ class JobOptions:
     may replace or complement it. ``lease_s`` must outlast a micro-batch from claim to done
     mark, or a GuardedConsumer of the scope may take a claim over and handle the message too.
 
-    ``reader`` names this query in its claim owners, ``scope|reader|topic|partition|offset``
-    (a GuardedConsumer names its group id there): two readers of one record in one scope are
-    two owners, so only one handles it. It must be unique among the scope's readers and stay
-    the same for a checkpoint (a replayed micro-batch re-owns its claims through it), so the
-    first batch records it in the checkpoint; by default it is ``spark-`` and the first 12 hex
-    digits of the query id Spark keeps in the checkpoint.
+    ``reader`` names this query in its claims' positions, ``position(reader, topic,
+    partition, offset)`` (a GuardedConsumer names its group id there), and in its micro-batch
+    tokens: two readers of one record in one scope are two positions, so only one handles it.
+    It must be unique among the scope's readers and stay the same for a checkpoint (a replayed
+    micro-batch re-owns its claims through it), so the first batch records it in the
+    checkpoint; by default it is ``spark-`` and the first 12 hex digits of the query id Spark
+    keeps in the checkpoint.
     """
 
     bootstrap: str

@@ -10,9 +10,10 @@ directory left by an older query on the same path is replaced, not taken for our
 replay after a crash between the sinks' commit and Spark's own commit skips the sinks (a
 user's ``foreach_batch`` hook included) instead of running them on a different row set.
 
-:func:`resolve_reader` keeps in the checkpoint the reader this query's claim owners name
-(``scope|reader|topic|partition|offset``), so a driver restarted from the checkpoint re-owns
-the claims of the batch it replays, whatever name it is started with.
+:func:`resolve_reader` keeps in the checkpoint the reader this query's claim positions and
+batch tokens name (``eoguard.store.dedup.position``, ``eoguard_spark.dedup.batch_token``), so a
+driver restarted from the checkpoint re-owns the claims of the batch it replays, whatever name
+it is started with.
 
 File operations go through Hadoop's FileSystem of the path (local, HDFS, object stores).
 The rename is atomic on local disks and HDFS; on object stores it is a copy, so a crash
@@ -105,15 +106,16 @@ def recorded_reader(spark: SparkSession, checkpoint: str) -> str | None:
 
 def default_reader(query_id: str) -> str:
     """``spark-`` and the first 12 hex digits (48 random bits) of the query id: unique among
-    a scope's readers, and short (it is in every claim's owner token, sent at claim and done)."""
+    a scope's readers, and short (it is in every claim's position, sent at claim time)."""
     return "spark-" + query_id.replace("-", "")[:12]
 
 
 def resolve_reader(spark: SparkSession, checkpoint: str, configured: str | None) -> str:
-    """The reader of this query's claim owners, recorded in the checkpoint at the first batch.
+    """The reader of this query's claims, recorded in the checkpoint at the first batch.
 
     Once recorded it is the query's reader for good: a replayed micro-batch must name the
-    same owner to re-own its claims, so a ``configured`` reader that differs is refused. The
+    same positions and token to re-own its claims, so a ``configured`` reader that differs is
+    refused. The
     default is ``spark-<query id>`` (the id Spark keeps in the checkpoint): unique per query,
     stable across driver restarts.
     """

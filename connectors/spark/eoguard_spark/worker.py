@@ -1,17 +1,19 @@
 """What the executors' Python workers share: the settings a task gets, round trips kept in
-flight, and the done pass.
+flight, and the outbox acknowledgement pass.
 
 Plain Python over Arrow (no pyspark), like :mod:`eoguard_spark.claims` (the claim pass);
 :mod:`eoguard_spark.dedup` wraps both into Spark passes. Each task opens one Redis client and
 sends its ids ``batch_size`` per round trip through :class:`eoguard.store.dedup.DedupStore`
 (one script call per hash slot), the very keys and rules a GuardedConsumer of the scope uses.
+The done mark is not theirs: the driver marks the micro-batch's records done once the sinks
+hold it (one call per batch, see :class:`eoguard_spark.batch.BatchProcessor`).
 """
 
 from __future__ import annotations
 
 import functools
 import gc
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,13 +22,13 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import redis
 
-from eoguard.store.dedup import Claim, DedupStore, DoneReport, DoneResult
+from eoguard.store.dedup import DedupStore
 from eoguard.store.keys import KeySpace
 from eoguard.store.outbox import Outbox
 from eoguard.store.scripts import Prepared
 from eoguard_spark.options import JobOptions
 
-__all__ = ["IN_FLIGHT", "ClaimSettings", "done_partition", "freeze_loaded_objects", "in_flight"]
+__all__ = ["IN_FLIGHT", "ClaimSettings", "ack_partition", "freeze_loaded_objects", "in_flight"]
 
 IN_FLIGHT = 3  # round trips a task keeps in flight (see in_flight)
 T = TypeVar("T")
@@ -45,6 +47,10 @@ class ClaimSettings:
     busy_wait_ms: int
     batch_size: int
     ack_outbox: bool
+    # The micro-batch's claim pass (set per batch by the driver, see batch_token): its token,
+    # and whether a done mark of it had landed before the pass (a replay of a done batch).
+    token: str = ""
+    token_done: bool = False
 
     @classmethod
     def of(cls, options: JobOptions) -> ClaimSettings:
@@ -94,35 +100,29 @@ def freeze_loaded_objects() -> None:
     gc.freeze()
 
 
-def done_partition(settings: ClaimSettings, batches: Iterator[pa.RecordBatch]
-                   ) -> Counter[DoneResult]:
-    """Mark the claims of rows ``(id, owner, expires_at_ms)`` done; counts by outcome.
-
-    With ``ack_outbox`` the senders' outbox records are acknowledged in the same round trip.
-    """
+def ack_partition(settings: ClaimSettings, batches: Iterator[pa.RecordBatch]) -> int:
+    """Acknowledge the senders' outbox records of the rows' ``id`` (the end-to-end ack a
+    GuardedConsumer sends with its done mark); how many records there were."""
     freeze_loaded_objects()
-    counts: Counter[DoneResult] = Counter()
+    acked = 0
     client = settings.connect()
     try:
         store = settings.store(client)
-        outbox = Outbox(client, settings.keyspace()) if settings.ack_outbox else None
+        outbox = Outbox(client, settings.keyspace())
         size = settings.batch_size
 
-        def chunks() -> Iterator[Prepared[DoneReport]]:
+        def count(replies: list[Any]) -> int:
+            return sum(int(reply) for reply in replies)
+
+        def chunks() -> Iterator[Prepared[int]]:
             for batch in batches:
                 ids: list[str] = batch.column("id").to_pylist()
-                owners: list[str] = batch.column("owner").to_pylist()
-                expires: list[int] = batch.column("expires_at_ms").to_pylist()
                 for start in range(0, len(ids), size):
-                    end = min(start + size, len(ids))
-                    claims = [Claim(*row) for row in zip(ids[start:end], owners[start:end],
-                                                         expires[start:end], strict=True)]
-                    extra = outbox.ack_calls(ids[start:end]) if outbox else []
-                    yield store.prepare_done(claims, extra=extra)
+                    yield Prepared(outbox.ack_calls(ids[start:start + size]), count)
 
         with ThreadPoolExecutor(IN_FLIGHT, "eoguard-redis") as pool:
-            for report in in_flight(store, chunks(), "marking a batch done", pool):
-                counts.update(report.results)
+            for replied in in_flight(store, chunks(), "acknowledging outbox records", pool):
+                acked += replied
     finally:
         client.close()
-    return counts
+    return acked

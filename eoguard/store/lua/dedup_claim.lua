@@ -1,68 +1,130 @@
--- dedup_claim.lua: claim a batch of message ids of ONE consumer scope (ONE hash slot on a cluster).
+-- dedup_claim.lua: claim a batch's messages in ONE consumer scope under the batch's token
+-- (dedup v2: the lease and the done mark are the batch's, one record per shard).
 --
--- KEYS[i]      = dedup key of message i (KeySpace.dedup(scope, id)); in one hash slot on a cluster
--- ARGV[1]      = lease length in ms (the deadline is taken from the server clock: TIME)
--- ARGV[2]      = grace in ms: the key of message i expires at expires_at + grace
--- ARGV[1+2i]   = owner token of message i: its source position as its reader sees it,
---                "scope|reader|topic|partition|offset"
--- ARGV[2+2i]   = expires_at + grace of message i, epoch ms: its key's PXAT (computed by the
---                caller so this loop formats no number per key)
--- returns      = {codes, busy_ms}: codes is a string with one digit per key, in KEYS order;
---                busy_ms lists, for each BUSY key in order, the lease left in ms:
---                0 NEW         absent -> claimed by us
---                1 MINE        claimed by this same owner (a redelivery of this record) -> re-owned
---                2 DONE        already done: a duplicate, skip it
---                3 BUSY        claimed by another owner whose lease is live
---                4 TAKEN_OVER  claimed by another owner whose lease lapsed -> now ours
+-- The claims come in g groups, one per shard: on Redis Cluster g = 1 (a call touches one hash
+-- slot); on a single node one call serves every shard of the batch.
+-- KEYS[1..g]   = the batch record of (scope, token, shard) of each group: KeySpace.dedup_batch
+-- KEYS[g+1..]  = the claim keys (KeySpace.dedup(scope, id)), group after group
+-- ARGV[1]      = token: unique per claim pass, no '|'
+-- ARGV[2]      = lease length in ms (the deadline is taken from the server clock: TIME)
+-- ARGV[3]      = grace in ms: the claim key of a message expires at expires_at + grace
+-- ARGV[4]      = max_ttl in ms: no key outlives now + max_ttl + grace, whatever a record says
+-- ARGV[5]      = g
+-- ARGV[3+3j]   = for group j = 1..g: the batch record key of its scope and shard without the
+--                token (the record of a token a claim key names is that .. token: same hash
+--                tag, same slot; with the next, the keys these scripts use that KEYS does not
+--                list)
+-- ARGV[4+3j]   = for group j: the re-owned hash key of its scope and shard without the token
+--                (KeySpace.dedup_reowned)
+-- ARGV[5+3j]   = for group j: its number of claims
+-- then, for each claim i in KEYS order, two arguments: its position (its record as this
+--                reader sees it: KeySpace.position) and its expires_at + grace, epoch ms (its
+--                key's PXAT, computed by the caller so this loop formats no number per key)
+-- returns      = {codes, busy}: codes is a string with one digit per claim, in KEYS order;
+--                busy lists, for each BUSY claim in order, two items: the lease left in ms
+--                and the token of the batch holding it:
+--                0 NEW         absent -> claimed; or held at another position by a batch
+--                              whose lease lapsed (or whose record is gone) -> taken over
+--                1 MINE        held at this same position (this reader reads this record
+--                              again) by a batch not done -> now under this token; the key
+--                              is noted in the holder's re-owned hash (claim key -> position),
+--                              so the holder's done marks take it back if they land first
+--                2 DONE_HERE   held at this same position by a done batch: handled already
+--                              (a consumer skips it; a Spark replay keeps its row)
+--                3 DUPLICATE   held at another position by a done batch, or PARTIAL there
+--                4 BUSY        held at another position by a batch whose lease is live
 --                5 EXPIRED     expires_at has passed by the server clock; nothing written
---                6 PARTIAL     done with partially applied effects (dedup_done.lua), by this same
---                              owner: re-read before its dead letter was sent; to others DONE
---                7 REDELIVERED done by this same owner: the record was handled and is read again
---                              (its offset commit or the done reply was lost); to others DONE
+--                6 PARTIAL     marked PARTIAL at this same position (its effects half applied
+--                              by an earlier attempt): dead-letter it, never handle it
+--                7 STALE       this token's batch is done: nothing is claimed under it
 --
--- Value layout (a compact string, owner last because the owner contains '|'):
---   "c|<lease_deadline_ms>|<owner>"   claimed
---   "d|<done_at_ms>|<owner>"          done
---   "p|<done_at_ms>|<owner>"          done, its effects partially applied (to dead-letter)
--- A new key gets PXAT expires_at + grace; later transitions keep the TTL (KEEPTTL).
+-- A claim writes one key per message; each group's batch record ("o|<deadline>") is written
+-- once per call, its TTL moved to the latest claim key it covers (later only), so it outlives
+-- them.
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lease_ms = tonumber(ARGV[1])
-local grace_ms = tonumber(ARGV[2])
-local deadline = now + lease_ms
-local claimed_by = 'c|' .. string.format('%d', deadline) .. '|'
+--!include now_ms
+--!include dedup_values
+
+local now = now_ms()
+local token, lease_ms, grace_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local limit = now + tonumber(ARGV[4]) + grace_ms
+local groups = tonumber(ARGV[5])
+local open = 'o|' .. string.format('%d', now + lease_ms)
+local claimed_by = 'c|' .. token .. '|'
 local codes, busy = {}, {}
+local i, a = 0, 6 + 3 * groups -- the claim (index into codes) and its first argument
 
-for i = 1, #KEYS do
-  local key = KEYS[i]
-  local owner = ARGV[1 + 2 * i]
-  local pxat = ARGV[2 + 2 * i]
-  local claimed = claimed_by .. owner
-  local code = 0
-  if tonumber(pxat) - grace_ms <= now then
-    code = 5
-  elseif not redis.call('SET', key, claimed, 'NX', 'PXAT', pxat) then
-    -- The key exists (a NEW claim is the one SET NX above, the common case).
-    local value = redis.call('GET', key)
-    local sep = string.find(value, '|', 3, true)
-    local held_until = tonumber(string.sub(value, 3, sep - 1))
-    local state = string.sub(value, 1, 1)
-    if state == 'd' then
-      code = string.sub(value, sep + 1) == owner and 7 or 2
-    elseif state == 'p' then
-      code = string.sub(value, sep + 1) == owner and 6 or 2
-    elseif string.sub(value, sep + 1) == owner then
-      redis.call('SET', key, claimed, 'KEEPTTL')
-      code = 1
-    elseif held_until > now then
-      code = 3
-      busy[#busy + 1] = held_until - now
+for j = 1, groups do
+  local records, reowned, count = ARGV[3 + 3 * j], ARGV[4 + 3 * j], tonumber(ARGV[5 + 3 * j])
+  local own = redis.call('GET', KEYS[j])
+  local stale = own ~= false and string.sub(own, 1, 1) == 'd'
+  local latest = 0 -- the latest PXAT of a claim key written under the token in this group
+  for _ = 1, count do
+    i = i + 1
+    local key, position, pxat = KEYS[groups + i], ARGV[a], ARGV[a + 1]
+    a = a + 2
+    local at = tonumber(pxat)
+    local code = 0
+    if at - grace_ms <= now then
+      code = 5
     else
-      redis.call('SET', key, claimed, 'KEEPTTL')
-      code = 4
+      if at > limit then
+        at = limit
+        pxat = string.format('%d', limit)
+      end
+      if not stale and redis.call('SET', key, claimed_by .. position, 'NX', 'PXAT', pxat) then
+        if at > latest then latest = at end
+      else
+        local value = redis.call('GET', key)
+        if not value then -- only when stale: absent, and nothing may be claimed under the token
+          code = 7
+        else
+          local state, holder, held_at = parse_claim(value)
+          if state == 'p' then
+            code = held_at == position and 6 or 3
+          else
+            local batch, left = 'live', lease_ms -- our own batch: claiming now, so live
+            if holder ~= token then
+              batch, left = batch_state(redis.call('GET', records .. holder), now)
+            elseif stale then
+              batch = 'done'
+            end
+            if batch == 'done' then
+              code = held_at == position and 2 or 3
+            elseif held_at ~= position and batch == 'live' then
+              code = 4
+              busy[#busy + 1] = left
+              busy[#busy + 1] = holder
+            elseif stale then
+              code = 7
+            else -- MINE (same position), or taken over (lapsed): under this token now
+              code = held_at == position and 1 or 0
+              local expire_at = redis.call('PEXPIRETIME', key)
+              if holder ~= token then
+                redis.call('SET', key, claimed_by .. position, 'KEEPTTL')
+                if code == 1 then -- re-owned from a pass that may still be done first
+                  local taken = reowned .. holder
+                  redis.call('HSET', taken, key, position)
+                  if redis.call('PEXPIRETIME', taken) < expire_at then
+                    redis.call('PEXPIREAT', taken, expire_at)
+                  end
+                end
+              end
+              if expire_at > latest then latest = expire_at end
+            end
+          end
+        end
+      end
+    end
+    codes[i] = code
+  end
+  if latest > 0 then
+    if own then
+      redis.call('SET', KEYS[j], open, 'KEEPTTL')
+      redis.call('PEXPIREAT', KEYS[j], latest, 'GT')
+    else
+      redis.call('SET', KEYS[j], open, 'PXAT', latest)
     end
   end
-  codes[i] = code
 end
 return {table.concat(codes), busy}

@@ -1,388 +1,194 @@
--- dedup_done.lua: mark claimed messages done, fenced, applying each message's Redis-side
--- effects in the same atomic step (the exactly-once path for Redis-transactional handlers).
+-- dedup_done.lua: settle a claim pass in ONE scope and mark its batch done, applying each
+-- handled message's Redis-side effects in the same atomic step (the exactly-once path for
+-- Redis-transactional handlers). Fenced per key: only claim keys still naming the token (or
+-- taken back, below) are touched.
 --
--- KEYS[1..n]   = dedup keys of the n messages (in one hash slot on a cluster)
--- KEYS[n+1..]  = effect keys the messages' commands write (on Redis Cluster: the same hash slot,
---                which is why handlers build them with the dedup key's hash tag); never a
---                dedup key of this call
--- ARGV[1]      = n
--- ARGV[2]      = 0 when no message has effects: ARGV[3..n+2] are then the n owner tokens
---                ("scope|topic|partition|offset"), in order (the common case: one arg each);
---                1 otherwise, and then for each message i = 1..n, in order: owner token,
---                command count c, and c commands, each: NAME, index of its key in KEYS,
---                argument count a, a arguments
---   NAME is one of SET INCRBY DECRBY HSET HINCRBY HDEL SADD SREM RPUSH LPUSH ZADD DEL EXPIRE
---   PEXPIRE PEXPIREAT (single-key commands; the Python side builds them). Refused: SET ... GET,
---   ZADD and EXPIRE options, DEL with more than its one key, over 7000 arguments in a command.
--- returns      = {codes, details}: codes is a string with one digit per message, in order;
---                details lists, for each EFFECT_ERROR and PARTIAL in order, the reason:
---                0 OK            was claimed by this owner: effects applied, now done
---                1 NOT_OWNED     claimed by another owner: nothing applied
---                2 ALREADY_DONE  done before (by anyone): nothing applied (fencing)
---                3 EFFECT_ERROR  a command would fail (wrong type, not an integer, overflow,
---                                bad arguments, a read of the check refused) or its first one
---                                did: nothing of this message applied, claim kept
---                4 ABSENT        no dedup key (the claim's TTL ran out, it was forgotten, or a
---                                failover lost it): nothing applied; the caller claims again
---                5 PARTIAL       a later command failed although the check passed (an ACL,
---                                a case the check does not model): the ones before it ARE
---                                applied and Redis cannot roll them back, so the key is marked
---                                done as "p|<at_ms>|<owner>" (fenced: never applied again; the
---                                claim script answers PARTIAL to this owner, DONE to others) and
---                                the caller dead-letters it instead of retrying
+-- The claims come in g groups, one per shard: on Redis Cluster g = 1 (a call touches one hash
+-- slot); on a single node one call serves every shard of the batch.
+-- KEYS[1..g]   = the batch record of (scope, token, shard) of each group: KeySpace.dedup_batch
+-- KEYS[g+1..2g] = the re-owned hash of (scope, token, shard) of each group:
+--                KeySpace.dedup_reowned (claim key -> position, written by dedup_claim.lua)
+-- KEYS[2g+1..2g+n] = the claim keys of every message the pass claimed, group after group;
+--                none when the pass is simple (below)
+-- KEYS[2g+n+1..] = effect keys the messages' commands write (on Redis Cluster: the same hash
+--                slot, which is why handlers build them with the claim key's hash tag); never
+--                a dedup key (a claim key or batch record under KEYS[1]'s prefix, of any scope
+--                or message): a command on one is refused (EFFECT_ERROR)
+-- ARGV[1]      = token
+-- ARGV[2]      = g
+-- ARGV[3]      = n: the number of claim keys passed (0 when simple)
+-- ARGV[3+j]    = for group j = 1..g: its number of claim keys passed
+-- ARGV[3+g+j]  = for group j: the latest PXAT of its claims (a lost record is written again
+--                with it), or 0 when unknown (then a lost record stays lost)
+-- ARGV[4+2g]   = '1' when the pass is simple: every message handled and none with effects
+--                (the common case: nothing follows, and no claim key is read: the record's
+--                done mark covers every claim still naming the token); '0' otherwise, and
+--                then for each message i = 1..n, in order: its position, handled ('1') or let
+--                go ('0': failed, refused, expired, dropped), command count c, and c commands,
+--                each: NAME, index of its key in KEYS, argument count a, a arguments
+--                (lib/effects.lua says which commands and options)
+-- returns      = {codes, details, reowned}: codes is a string with one digit per claim key
+--                passed, in order; details lists, for each EFFECT_ERROR and PARTIAL in order,
+--                the reason; reowned lists, for each key of the re-owned hashes this call did
+--                not settle as OK, the key and its code (a digit), flat:
+--                0 OK            handled and ours: its effects applied, done with the batch
+--                1 NOT_OWNED     the key names another token at another position (taken over),
+--                                or the message was let go and another pass re-owned it: left alone
+--                2 ALREADY_DONE  this batch was done before, the key is PARTIAL, or the pass that
+--                                re-owned it was done first: nothing applied
+--                3 EFFECT_ERROR  a command would fail (wrong type, not an integer, overflow, bad
+--                                arguments, a read of the check refused) or its first one did:
+--                                nothing applied, the claim deleted (a retry claims anew)
+--                4 ABSENT        no claim key (its TTL ran out, it was forgotten, a failover lost
+--                                it): nothing applied; the caller claims again
+--                5 PARTIAL       a later command failed although the check passed (an ACL, a case
+--                                the check does not model): the ones before it ARE applied and
+--                                Redis cannot roll them back, so the key is marked
+--                                "p|<token>|<position>": done for every reader, never applied
+--                                again; the caller dead-letters it instead of retrying
+--                6 RELEASED      let go and still ours: the claim deleted (a retry claims anew)
 --
--- The key becomes "d|<done_at_ms>|<owner>" with its TTL kept. Without effects that is one
--- SET ... XX KEEPTTL GET, put back at once (same script, so nobody sees it) when the old value
--- shows the claim was not ours. With effects the fence is checked first, then the message's
--- commands are simulated in order before any write: the type (and, for string and hash-field
--- integers, the value) each key will hold after every earlier command, starting from the
--- current data, so commands that conflict with each other (SET k "x" then INCRBY k) are refused
--- as well. Each message is checked right before it is applied, so it sees what the earlier
--- messages of this call wrote. The check errs on the strict side where the outcome depends on
--- what it does not track (see need, expire_at and the HDEL/SREM note).
+-- A handled claim re-owned by another pass of the same position (this reader claimed the
+-- record again: a rebalance, a rewind) that is not done is taken back, and settled as this
+-- pass's: the first done mark of a record wins, the later ones find it ALREADY_DONE. Without
+-- this, a pass that re-claimed the record and was then abandoned (its partition lost, its
+-- connection timed out) would leave it never done, and lost. The claim script notes every such
+-- re-own in the holder's re-owned hash, so a simple pass reads no claim key: its cost is a few
+-- calls per group, whatever its size. The record is written last; if it is gone (its TTL, a
+-- failover), it is written again with the group's latest claim PXAT.
 
-local function fence(value, owner)
-  if not value then return 4 end
-  local state = string.sub(value, 1, 1)
-  if state == 'd' or state == 'p' then return 2 end
-  local sep = string.find(value, '|', 3, true)
-  return string.sub(value, sep + 1) == owner and 0 or 1
+--!include now_ms
+--!include dedup_values
+--!include effects
+
+local now = now_ms()
+local token, groups, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local simple = ARGV[4 + 2 * groups] == '1'
+local done = 'd|' .. string.format('%d', now)
+local p = 5 + 2 * groups
+local ours = 'c|' .. token .. '|'
+local codes, details, reowned_out = {}, {}, {}
+local is_dedup_key, apply = nil, nil -- built for the first message with effects
+local i = 0
+
+-- Take back a handled claim re-owned by another pass of its position, unless that pass is
+-- done: the code of the key (OK, ALREADY_DONE, NOT_OWNED or ABSENT) and its value now.
+local function take_back(key, position, records)
+  local value = redis.call('GET', key)
+  if not value then return 4, nil end
+  local state, holder, held_at = parse_claim(value)
+  if holder == token then return 0, value end
+  if state ~= 'c' or held_at ~= position then return state == 'p' and 2 or 1, value end
+  if batch_state(redis.call('GET', records .. holder), now) == 'done' then return 2, value end
+  value = ours .. position
+  redis.call('SET', key, value, 'KEEPTTL')
+  return 0, value
 end
 
--- Everything the effects need is built on first use: the common no-effect path (one SET per
--- message) pays for none of these closures and tables, which a script rebuilds at every call.
-local function effects_apply()
-  local BASE = 1000000000 -- an int64 is (hi, lo), value = hi * BASE + lo: exact in doubles
-  local WINDOW_MS = 5000 -- an absolute expiry this close to TIME may or may not delete the key
-  local MAX_ARGS = 7000 -- unpack() fails near 8000 values, which after a write would be fatal
-  local ARITY = { -- command -> minimum argument count, whether they come in pairs
-    SET = {1}, INCRBY = {1}, DECRBY = {1}, HSET = {2, true}, HINCRBY = {2}, HDEL = {1},
-    SADD = {1}, SREM = {1}, RPUSH = {1}, LPUSH = {1}, ZADD = {2, true}, DEL = {0},
-    EXPIRE = {1}, PEXPIRE = {1}, PEXPIREAT = {1},
-  }
-  local EXACT = {INCRBY = 1, DECRBY = 1, HINCRBY = 2, DEL = 0, EXPIRE = 1, PEXPIRE = 1,
-                 PEXPIREAT = 1}
-  local COLLECTION = {HSET = 'hash', HDEL = 'hash', SADD = 'set', SREM = 'set', RPUSH = 'list',
-                      LPUSH = 'list', ZADD = 'zset'}
-
-  local function in_range(hi, lo)
-    if hi > 0 or (hi == 0 and lo >= 0) then
-      return hi < 9223372036 or (hi == 9223372036 and lo <= 854775807)
-    end
-    return hi > -9223372036 or (hi == -9223372036 and lo >= -854775808)
-  end
-
-  -- Redis's string2ll: "0", or an optional '-' then digits without a leading zero, in int64.
-  local function parse_int(s)
-    if type(s) ~= 'string' then return nil end
-    if s == '0' then return 0, 0 end
-    local neg, digits = string.match(s, '^(%-?)([1-9]%d*)$')
-    if not digits or #digits > 19 then return nil end
-    local cut = #digits - 9
-    local hi = cut > 0 and tonumber(string.sub(digits, 1, cut)) or 0
-    local lo = tonumber(string.sub(digits, math.max(cut + 1, 1)))
-    if neg == '-' then hi, lo = -hi, -lo end
-    if not in_range(hi, lo) then return nil end
-    return hi, lo
-  end
-
-  local function add(h1, l1, h2, l2)
-    local hi, lo = h1 + h2, l1 + l2
-    if lo >= BASE then
-      hi, lo = hi + 1, lo - BASE
-    elseif lo <= -BASE then
-      hi, lo = hi - 1, lo + BASE
-    end
-    if hi > 0 and lo < 0 then -- one sign for both parts
-      hi, lo = hi - 1, lo + BASE
-    elseif hi < 0 and lo > 0 then
-      hi, lo = hi + 1, lo - BASE
-    end
-    return hi, lo
-  end
-
-  local function format_int(hi, lo)
-    if hi == 0 then return string.format('%d', lo) end
-    return (hi < 0 and '-' or '') .. string.format('%d%09d', math.abs(hi), math.abs(lo))
-  end
-
-  -- An integer argument within [min, max] (bounds far inside int64, so no overflow), or nil.
-  local function bounded(s, min, max)
-    local hi, lo = parse_int(s)
-    local v = hi and hi * BASE + lo
-    return v and v >= min and v <= max and v or nil
-  end
-
-  -- A ZADD score as Redis's strtod takes it, stricter: no NaN, overflow, hex, blanks, "Infinity".
-  local function is_score(s)
-    if s == 'inf' or s == '+inf' or s == '-inf' then return true end
-    local mantissa = string.match(s, '^([^eE]*)[eE][%+%-]?%d+$') or s
-    if not string.match(mantissa, '^[%+%-]?%d*%.?%d*$') or not string.match(mantissa, '%d') then
-      return false
-    end
-    local v = tonumber(s)
-    return v ~= nil and v == v and v ~= math.huge and v ~= -math.huge
-      and (v ~= 0 or not string.match(mantissa, '[1-9]')) -- 0 from digits: an underflow
-  end
-
-  -- The simulated state e of one key: t its type (nil: not read yet; '?': may have just
-  -- expired), v its string value (nil: read it), fields the hash fields written (false:
-  -- deleted), base whether what is not tracked is still the data's (false once replaced),
-  -- shrunk whether HDEL/SREM may have emptied (so deleted) it.
-  local function key_type(e, key)
-    if e.t == nil then e.t = redis.call('TYPE', key)['ok'] end
-    return e.t
-  end
-
-  local function gone(e, t)
-    e.t, e.v, e.fields, e.base, e.shrunk = t, nil, {}, false, false
-  end
-
-  local function need(e, key, want)
-    local have = key_type(e, key)
-    if have == '?' then
-      return 'the key may have just expired (an expiry within ' .. WINDOW_MS
-        .. ' ms of now): only DEL or a plain SET may follow on it'
-    end
-    if have ~= 'none' and have ~= want then return 'key holds a ' .. have .. ', not a ' .. want end
-    return nil
-  end
-
-  -- An absolute expiry at_ms set on an existing key: deleted, kept, or undecidable here (Redis
-  -- compares with its own clock, not this script's TIME).
-  local function expire_at(e, at_ms, now)
-    if at_ms < now - WINDOW_MS then
-      gone(e, 'none')
-    elseif at_ms <= now + WINDOW_MS then
-      gone(e, '?')
-    end
-  end
-
-  local function sim_set(e, key, args, now)
-    local cond, keep, expiry, at_ms = nil, false, false, nil
-    local i = 2
-    while i <= #args do
-      local opt = string.upper(args[i])
-      if (opt == 'NX' or opt == 'XX') and not cond then
-        cond = opt
-      elseif opt == 'KEEPTTL' and not keep and not expiry then
-        keep = true
-      elseif (opt == 'EX' or opt == 'PX' or opt == 'EXAT' or opt == 'PXAT') and not keep
-          and not expiry then
-        local ms = (opt == 'EX' or opt == 'EXAT') and 1000 or 1
-        local v = bounded(args[i + 1], 1, 1e15 / ms)
-        if not v then return 'invalid expire time' end
-        expiry, i = true, i + 1
-        if opt == 'EXAT' or opt == 'PXAT' then at_ms = v * ms end -- EX/PX > 0 never delete
-      else
-        return 'option ' .. opt .. ' is not supported or conflicts with another'
+for j = 1, groups do
+  local record = redis.call('GET', KEYS[j])
+  local was_done = record ~= false and string.sub(record, 1, 1) == 'd'
+  local records = string.sub(KEYS[j], 1, #KEYS[j] - #token) -- this scope and shard's records
+  local taken = redis.call('HGETALL', KEYS[groups + j]) -- re-owned claims: key, position, ...
+  if #taken > 0 then redis.call('DEL', KEYS[groups + j]) end
+  local size = tonumber(ARGV[3 + j])
+  local kept = 0 -- claims of this group still naming the token, handled
+  if simple then
+    for t = 1, #taken, 2 do
+      local code = 2
+      if not was_done then code = take_back(taken[t], taken[t + 1], records) end
+      if code ~= 0 then
+        reowned_out[#reowned_out + 1] = taken[t]
+        reowned_out[#reowned_out + 1] = tostring(code)
       end
+    end
+    kept = 1 -- every claim handled: the record's done mark covers what still names the token
+  else
+    local taken_at = {}
+    for t = 1, #taken, 2 do taken_at[taken[t]] = taken[t + 1] end
+    -- The group's claim keys read with one MGET per 1000 (a call per key costs more than the
+    -- key); unpack stays far below Lua's stack limit.
+    local first = i + 1
+    local values = {}
+    for from = 1, size, 1000 do
+      local to = math.min(from + 999, size)
+      local got = redis.call('MGET', unpack(KEYS, 2 * groups + first + from - 1,
+                                            2 * groups + first + to - 1))
+      for k = 1, #got do values[from + k - 1] = got[k] end
+    end
+    for m = 1, size do
       i = i + 1
-    end
-    local t = key_type(e, key)
-    if (cond and (t == '?' or e.shrunk)) or (keep and t == '?') then
-      return 'the key may have just been deleted, so SET ' .. (cond or 'KEEPTTL')
-        .. ' is undecidable'
-    end
-    if (cond == 'NX' and t ~= 'none') or (cond == 'XX' and t == 'none') then
-      return nil -- not set: a no-op, not an error
-    end
-    gone(e, 'string')
-    e.v = args[1]
-    if at_ms then expire_at(e, at_ms, now) end
-    return nil
-  end
-
-  local function sim_incr(e, key, args, name, field)
-    local by_hi, by_lo = parse_int(args[field and 2 or 1])
-    if not by_hi then return 'increment is not an integer or out of range' end
-    if name == 'DECRBY' then
-      if by_hi == -9223372036 and by_lo == -854775808 then return 'decrement would overflow' end
-      by_hi, by_lo = -by_hi, -by_lo
-    end
-    local err = need(e, key, field and 'hash' or 'string')
-    if err then return err end
-    local old = false
-    if field then
-      old = e.fields[field]
-      if old == nil then old = e.t == 'hash' and e.base and redis.call('HGET', key, field) end
-    elseif e.t == 'string' then
-      if e.v == nil then e.v = redis.call('GET', key) end
-      old = e.v
-    end
-    local hi, lo = 0, 0
-    if old then
-      hi, lo = parse_int(old)
-      if not hi then
-        return (field and 'hash ' or '') .. 'value is not an integer or out of range'
-      end
-    end
-    hi, lo = add(hi, lo, by_hi, by_lo)
-    if not in_range(hi, lo) then return 'increment or decrement would overflow' end
-    if not field then
-      gone(e, 'string')
-      e.v = format_int(hi, lo)
-    else
-      if e.t == 'none' then gone(e, 'hash') end
-      e.fields[field], e.shrunk = format_int(hi, lo), false
-    end
-    return nil
-  end
-
-  -- Why running name(key, args) after the message's earlier commands would fail, or nil; updates
-  -- e, the simulated state of key.
-  local function simulate(e, name, key, args, now)
-    local arity = ARITY[name]
-    if arity == nil then
-      return 'command ' .. name .. ' is not allowed in a transactional handler'
-    end
-    if #args > MAX_ARGS then return 'more than ' .. MAX_ARGS .. ' arguments: split it' end
-    if #args < arity[1] or (arity[2] and #args % 2 == 1)
-        or (EXACT[name] and #args ~= EXACT[name]) then
-      return 'wrong number of arguments (' .. #args .. ')'
-    end
-    if name == 'SET' then
-      return sim_set(e, key, args, now)
-    elseif name == 'DEL' then
-      gone(e, 'none')
-    elseif name == 'INCRBY' or name == 'DECRBY' then
-      return sim_incr(e, key, args, name, nil)
-    elseif name == 'HINCRBY' then
-      return sim_incr(e, key, args, name, args[1])
-    elseif COLLECTION[name] then
-      local err = need(e, key, COLLECTION[name])
-      if err then return err end
-      for a = 1, name == 'ZADD' and #args or 0, 2 do
-        if not is_score(args[a]) then
-          return 'score ' .. args[a] .. ' is not a valid float (ZADD options are not supported)'
+      local key = KEYS[2 * groups + i]
+      local mine, handled, commands = ARGV[p], ARGV[p + 1] == '1', nil
+      local count = tonumber(ARGV[p + 2])
+      p = p + 3
+      if count > 0 then
+        commands = {}
+        for c = 1, count do
+          local nargs = tonumber(ARGV[p + 2])
+          local args = {}
+          for x = 1, nargs do
+            args[x] = ARGV[p + 2 + x]
+          end
+          commands[c] = {ARGV[p], KEYS[tonumber(ARGV[p + 1])], args}
+          p = p + 3 + nargs
         end
       end
-      if name == 'HDEL' or name == 'SREM' then
-        -- The type is kept even if this empties the key: later commands are checked against
-        -- both (stricter), and SET NX/XX, which depend on existence, are refused.
-        e.shrunk = e.t ~= 'none'
-        for a = 1, name == 'HDEL' and #args or 0 do e.fields[args[a]] = false end
+      local value, code = values[m], 0
+      if value and value ~= ours .. mine and handled and not was_done and taken_at[key] then
+        code, value = take_back(key, mine, records)
+        taken_at[key] = nil
+      end
+      if code ~= 0 then
+        -- settled by take_back: ALREADY_DONE, NOT_OWNED or ABSENT
+        details = details
+      elseif not value then
+        code = 4
       else
-        if e.t == 'none' then gone(e, COLLECTION[name]) end
-        e.shrunk = false -- it holds something now
-        for a = 1, name == 'HSET' and #args or 0, 2 do e.fields[args[a]] = args[a + 1] end
-      end
-    else -- EXPIRE PEXPIRE PEXPIREAT
-      local v = bounded(args[1], -1e15, 1e15)
-      if not v or (name == 'EXPIRE' and math.abs(v) > 1e12) then return 'invalid expire time' end
-      local t = key_type(e, key)
-      if t == '?' then
-        return 'the key may have just expired, so ' .. name .. ' is undecidable'
-      elseif t ~= 'none' and name == 'PEXPIREAT' then
-        expire_at(e, v, now)
-      elseif t ~= 'none' and v <= 0 then
-        gone(e, 'none') -- a relative expiry <= 0 deletes the key
-      end -- on a missing key: a no-op
-    end
-    return nil
-  end
-
-  -- Why one of a message's commands would fail, or nil: each simulated after the ones before it.
-  local function check(commands, dedup_keys, now)
-    local sim = {}
-    for c = 1, #commands do
-      local cmd = commands[c]
-      local e = sim[cmd[2]]
-      if not e then
-        e = {fields = {}, base = true, shrunk = false}
-        sim[cmd[2]] = e
-      end
-      local reason = dedup_keys[cmd[2]] and 'a dedup key is not an effect key'
-        or simulate(e, cmd[1], cmd[2], cmd[3], now)
-      if reason then
-        return cmd[1] .. ' ' .. cmd[2] .. ' (command ' .. c .. ' of ' .. #commands .. '): '
-          .. reason
-      end
-    end
-    return nil
-  end
-
-  -- Check then apply one message's commands; its code and, unless OK, why.
-  local function apply(key, done, commands, dedup_keys, now)
-    local count = #commands
-    -- A read the check makes can fail too (an ACL): that is a refusal, not a script error.
-    local ok, reason = pcall(check, commands, dedup_keys, now)
-    if not ok then
-      reason = 'checking the commands failed: ' .. tostring(type(reason) == 'table' and reason.err
-                                                            or reason)
-    end
-    if reason then
-      return 3, reason .. '; nothing applied'
-    end
-    for c = 1, count do
-      local cmd = commands[c]
-      local reply = redis.pcall(cmd[1], cmd[2], unpack(cmd[3]))
-      if type(reply) == 'table' and reply['err'] then
-        local failed = cmd[1] .. ' ' .. cmd[2] .. ' (command ' .. c .. ' of ' .. count
-          .. ') failed: ' .. reply['err']
-        if c == 1 then -- a failed command writes nothing
-          return 3, failed .. '; nothing applied'
+        local state, holder, position = parse_claim(value)
+        if holder ~= token then -- done first by another pass of this position, or not ours
+          local first = position == mine
+            and batch_state(redis.call('GET', records .. holder), now) == 'done'
+          code = first and 2 or 1
+        elseif state == 'p' or was_done then
+          code = 2
+        elseif not handled then
+          redis.call('DEL', key)
+          code = 6
+        elseif commands then
+          if not apply then
+            -- Every dedup key shares KEYS[1]'s prefix (which holds no ':') and a dc, db or dr tag.
+            local base = string.match(KEYS[1], '^[^:]*:')
+            apply = effects_apply()
+            is_dedup_key = function(name)
+              local tag = string.sub(name, #base + 1, #base + 3)
+              return string.sub(name, 1, #base) == base
+                and (tag == 'dc:' or tag == 'db:' or tag == 'dr:')
+            end
+          end
+          local reason
+          code, reason = apply(commands, is_dedup_key, now)
+          if code == 3 then
+            redis.call('DEL', key)
+          elseif code == 5 then
+            redis.call('SET', key, 'p|' .. token .. '|' .. position, 'KEEPTTL')
+          else
+            kept = kept + 1
+          end
+          if reason then details[#details + 1] = reason end
+        else
+          kept = kept + 1
         end
-        redis.call('SET', key, 'p' .. string.sub(done, 2), 'KEEPTTL')
-        return 5, failed .. '; the ' .. (c - 1) .. ' before it stay applied; marked done'
       end
+      codes[i] = code
     end
-    redis.call('SET', key, done, 'KEEPTTL')
-    return 0, nil
   end
-
-  return apply
+  if not was_done then
+    if record then
+      redis.call('SET', KEYS[j], done, 'KEEPTTL')
+    elseif kept > 0 and ARGV[3 + groups + j] ~= '0' then -- gone while claims name the token
+      redis.call('SET', KEYS[j], done, 'PXAT', ARGV[3 + groups + j])
+    end
+  end
 end
-
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local done_by = 'd|' .. string.format('%d', now) .. '|'
-local n = tonumber(ARGV[1])
-local with_effects = ARGV[2] == '1'
-local p = 3
-local codes, details = {}, {}
-local dedup_keys, apply = nil, nil -- built for the first message with effects
-
-for i = 1, n do
-  local key = KEYS[i]
-  local owner = ARGV[p]
-  local count = 0
-  if with_effects then
-    count = tonumber(ARGV[p + 1])
-    p = p + 2
-  else
-    p = p + 1
-  end
-  local done = done_by .. owner
-  local code = 0
-  if count == 0 then
-    local old = redis.call('SET', key, done, 'XX', 'KEEPTTL', 'GET')
-    code = fence(old, owner)
-    if old and code ~= 0 then
-      redis.call('SET', key, old, 'KEEPTTL')
-    end
-  else
-    local commands = {}
-    for c = 1, count do
-      local nargs = tonumber(ARGV[p + 2])
-      local args = {}
-      for a = 1, nargs do
-        args[a] = ARGV[p + 2 + a]
-      end
-      commands[c] = {ARGV[p], KEYS[tonumber(ARGV[p + 1])], args}
-      p = p + 3 + nargs
-    end
-    code = fence(redis.call('GET', key), owner)
-    if code == 0 then
-      if not dedup_keys then
-        apply, dedup_keys = effects_apply(), {}
-        for k = 1, n do dedup_keys[KEYS[k]] = true end
-      end
-      local reason
-      code, reason = apply(key, done, commands, dedup_keys, now)
-      if reason then details[#details + 1] = reason end
-    end
-  end
-  codes[i] = code
-end
-return {table.concat(codes), details}
+return {table.concat(codes), details, reowned_out}

@@ -1,27 +1,43 @@
--- dedup_release.lua: give claims back (handler failure, partition revoked) - only if still ours.
+-- dedup_release.lua: give claims of a batch back (records dropped on a revoke), only those
+-- still naming its token; the batch itself goes on (its other claims are untouched).
 --
--- KEYS[i]      = dedup key of message i (in one hash slot on a cluster)
--- ARGV[i]      = owner token of message i ("scope|reader|topic|partition|offset")
--- returns      = a string with one digit per key, in KEYS order:
---                0 OK            the claim was ours and is deleted
---                1 NOT_OWNED     absent, or claimed by another owner: nothing changed
---                2 ALREADY_DONE  the message is done (or PARTIAL): the key stays (it keeps catching
---                                duplicates)
+-- The claims come in g groups, one per shard (g = 1 on Redis Cluster, as in dedup_claim.lua).
+-- KEYS[1..g]   = the batch record of (scope, token, shard) of each group: KeySpace.dedup_batch
+-- KEYS[g+1..]  = the claim keys, group after group
+-- ARGV[1]      = token
+-- ARGV[2]      = g
+-- ARGV[2+j]    = for group j = 1..g: its number of claims
+-- returns      = a string with one digit per claim key, in order:
+--                0 OK            the claim named the token and is deleted
+--                1 NOT_OWNED     absent, or naming another token: nothing changed
+--                2 ALREADY_DONE  the batch is done, or the key is PARTIAL: the key stays (it
+--                                keeps catching duplicates)
 
+--!include dedup_values
+
+local token, groups = ARGV[1], tonumber(ARGV[2])
 local out = {}
-for i = 1, #KEYS do
-  local value = redis.call('GET', KEYS[i])
-  local code = 1
-  if value then
-    local state = string.sub(value, 1, 1)
-    local sep = string.find(value, '|', 3, true)
-    if state == 'd' or state == 'p' then
-      code = 2
-    elseif string.sub(value, sep + 1) == ARGV[i] then
-      redis.call('DEL', KEYS[i])
-      code = 0
+local i = 0
+for j = 1, groups do
+  local record = redis.call('GET', KEYS[j])
+  local done = record ~= false and string.sub(record, 1, 1) == 'd'
+  for _ = 1, tonumber(ARGV[2 + j]) do
+    i = i + 1
+    local key = KEYS[groups + i]
+    local value = redis.call('GET', key)
+    local code = 1
+    if value then
+      local state, holder = parse_claim(value)
+      if holder == token then
+        if state == 'p' or done then
+          code = 2
+        else
+          redis.call('DEL', key)
+          code = 0
+        end
+      end
     end
+    out[i] = code
   end
-  out[i] = code
 end
 return table.concat(out)
