@@ -2,7 +2,7 @@
 
 A claim key per (scope, message id) names the claim pass that took it (its *token*) and the
 record's *position* as its reader sees it (:func:`position`); a batch record per (scope,
-token, shard) holds the lease deadline, then the done mark (DESIGN.md §4). The hot path writes
+token, shard) holds the lease deadline, then the done mark (docs/design.md §4). The hot path writes
 one key per message plus one per batch and shard: a handled message's done mark is its
 batch's. Fencing stays per key: settling a batch touches only the claims still naming its
 token. Every operation is one Lua call per batch (per hash slot on Redis Cluster); a batch's
