@@ -13,6 +13,7 @@ past ``max_ttl`` + grace from now); a batch record outlives the claims it covers
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -207,7 +208,10 @@ class DedupStore:
             simple = handled is None or all(handled[i] for i in members)
             if simple and effects:
                 simple = not any(effects.get(claims[i][0]) for i in members)
-            latest = [max(claims[i][2] for i in groups[shard][0]) + self.grace_ms
+            # A lost record is written again with the latest claim PXAT, never past what a
+            # claim may live (now + max_ttl + grace, as the claim script clamps it).
+            bound = int(time.time() * 1000) + self.keys.max_ttl_ms + self.grace_ms
+            latest = [min(max(claims[i][2] for i in groups[shard][0]) + self.grace_ms, bound)
                       for shard in shards]
             keys = self._done_keys(token, shards)
             if simple:  # the common case: every message handled, none with effects
