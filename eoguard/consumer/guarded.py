@@ -1,4 +1,4 @@
-"""GuardedConsumer: each scope handles every unexpired message exactly once (DESIGN.md §1, §6).
+"""GuardedConsumer: each scope handles every unexpired message exactly once (docs/design.md §1, §6).
 
 Per batch (:meth:`GuardedConsumer.poll_once`; the steps' work lives in :mod:`eoguard.consumer.batch`):
 

@@ -1,6 +1,6 @@
 """What a GuardedConsumer handler sees: the message, a Redis transaction, an output helper.
 
-Exactly-once has two strengths (DESIGN.md §1):
+Exactly-once has two strengths (docs/design.md §1):
 
 - Redis-side effects written through ``ctx.tx`` are applied by the same Lua script that marks
   the message done, only if this consumer still owns the claim: exactly once, full stop. On

@@ -1,4 +1,4 @@
-"""Keeps the leases of the consumer's open batches alive (DESIGN.md §4, §6).
+"""Keeps the leases of the consumer's open batches alive (docs/design.md §4, §6).
 
 A batch's claims share one lease per shard, held by its batch records: the claim script sets
 the deadline, and :class:`BatchLeases` moves every open record's deadline every ``lease_s /

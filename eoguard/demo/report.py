@@ -1,4 +1,4 @@
-"""The demo's report and the invariants it checks (DESIGN.md §10)."""
+"""The demo's report and the invariants it checks (docs/design.md §10)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def scope_result(*, scope: str, engine: str, counts: Mapping[str, int], guarante
 
 def check(report: DemoReport, malformed_positions: Iterable[tuple[int, int]],
           dead_positions: Iterable[tuple[int, int]]) -> None:
-    """Fill ``report.failures`` from DESIGN.md §10's invariants."""
+    """Fill ``report.failures`` from docs/design.md §10's invariants."""
     for s in report.scopes:
         if s.lost:
             report.failures.append(f"{s.scope}: {s.lost} guaranteed message(s) lost, e.g. {s.lost_sample}")

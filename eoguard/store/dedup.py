@@ -2,7 +2,7 @@
 
 A claim key per (scope, message id) names the claim pass that took it (its *token*) and the
 record's *position* as its reader sees it (:func:`position`); a batch record per (scope,
-token, shard) holds the lease deadline, then the done mark (DESIGN.md §4). The hot path writes
+token, shard) holds the lease deadline, then the done mark (docs/design.md §4). The hot path writes
 one key per message plus one per batch and shard: a handled message's done mark is its
 batch's. Fencing stays per key: settling a batch touches only the claims still naming its
 token. Every operation is one Lua call per batch (per hash slot on Redis Cluster); a batch's
@@ -13,6 +13,7 @@ past ``max_ttl`` + grace from now); a batch record outlives the claims it covers
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -207,7 +208,10 @@ class DedupStore:
             simple = handled is None or all(handled[i] for i in members)
             if simple and effects:
                 simple = not any(effects.get(claims[i][0]) for i in members)
-            latest = [max(claims[i][2] for i in groups[shard][0]) + self.grace_ms
+            # A lost record is written again with the latest claim PXAT, never past what a
+            # claim may live (now + max_ttl + grace, as the claim script clamps it).
+            bound = int(time.time() * 1000) + self.keys.max_ttl_ms + self.grace_ms
+            latest = [min(max(claims[i][2] for i in groups[shard][0]) + self.grace_ms, bound)
                       for shard in shards]
             keys = self._done_keys(token, shards)
             if simple:  # the common case: every message handled, none with effects

@@ -93,7 +93,7 @@ class BatchState(enum.Enum):
 
 
 class IdState(enum.Enum):
-    """A message id's state in a scope, derived by the v2 rules (DESIGN.md §4)."""
+    """A message id's state in a scope, derived by the v2 rules (docs/design.md §4)."""
 
     NEW = "new"  # no claim key
     DONE = "done"  # its batch is done

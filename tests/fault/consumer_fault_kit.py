@@ -1,4 +1,4 @@
-"""Helpers of the consumer fault tests: worker processes and DESIGN.md §10 checks."""
+"""Helpers of the consumer fault tests: worker processes and docs/design.md §10 checks."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 A private Kafka and a private Redis (AOF, appendfsync always) carry one topic. Producers and
 a consumer run as subprocesses (``eoguard.demo.worker``); a chaos loop kills one of the four
 every second or two and restarts it. Expired envelopes and malformed records are injected
-straight into the topic. Then every invariant of DESIGN.md §10 is checked and its counts
+straight into the topic. Then every invariant of docs/design.md §10 is checked and its counts
 printed; invariant 5 waits out the TTL plus grace and scans what is left in Redis.
 """
 

@@ -11,7 +11,7 @@ only where its claim key still names the batch's token. Two orderings, both real
   any other member reads, its done marks land (the claims still name its token) and its commit
   is refused; the new member then re-reads the records and finds them DONE_HERE.
 
-Either way every message's effect exists exactly once (DESIGN.md §10 invariants 1 and 2), and
+Either way every message's effect exists exactly once (docs/design.md §10 invariants 1 and 2), and
 the group's offsets reach the end of the partition.
 """
 

@@ -1,4 +1,4 @@
-"""The dedup store (v2) against real Redis: every rule of DESIGN.md §4's dedup section.
+"""The dedup store (v2) against real Redis: every rule of docs/design.md §4's dedup section.
 
 One test per rule where it reads well: claim outcomes (NEW, MINE, DONE_HERE, DUPLICATE, BUSY,
 taken over, EXPIRED, STALE), TTLs (a claim's, clamped by ``max_ttl``; a batch record's, moved

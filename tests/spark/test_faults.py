@@ -1,6 +1,6 @@
 """Faults of the Spark job: the driver SIGKILLed mid-batch and restarted from its checkpoint,
 task attempts failing and retried, speculation refused. Every run checks that the output holds
-each unexpired message exactly once and no expired or malformed record (DESIGN.md §10)."""
+each unexpired message exactly once and no expired or malformed record (docs/design.md §10)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""eoguard's Spark Structured Streaming job (DESIGN.md §7): Kafka -> envelope decoding ->
+"""eoguard's Spark Structured Streaming job (docs/design.md §7): Kafka -> envelope decoding ->
 expiry -> dedup against a consumer scope's Redis keys -> idempotent per-batch sinks.
 
 Importing this package needs pyspark and pyarrow (``pip install ./connectors/spark``); the

@@ -1,7 +1,7 @@
 """Envelope decoding as Spark Column expressions: no Python on the decode path.
 
 A Kafka record value is ``C3 01``, the 8-byte fingerprint of the envelope schema that wrote
-it, then the Avro body (DESIGN.md §3). Per row:
+it, then the Avro body (docs/design.md §3). Per row:
 
   Step 1. Check the 2-byte marker and that the fingerprint names a known envelope version.
   Step 2. Drop the 10-byte header and ``from_avro`` the body in PERMISSIVE mode with the
