@@ -711,7 +711,7 @@ def test_per_shard_calls_give_the_same_answers(own_redis: redis.Redis) -> None:
     # The Redis Cluster path (one call per shard) run on a single node: same results, in order.
     single = DedupStore(own_redis, scope="s", lease_ms=LEASE_MS, grace_ms=GRACE_MS)
     sharded = DedupStore(own_redis, scope="s", lease_ms=LEASE_MS, grace_ms=GRACE_MS)
-    sharded._one_call = False  # as on a RedisCluster client
+    sharded._shards.one_call = False  # as on a RedisCluster client
     first, second = single.new_token(), sharded.new_token()
     claims = [claim_of(single, new_message_id(), i) for i in range(200)]
     assert len(sharded.prepare_claim(first, claims).calls) == 16
