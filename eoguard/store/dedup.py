@@ -22,6 +22,7 @@ from redis.cluster import RedisCluster
 from eoguard.errors import ClaimNotOwnedError, InvalidInputError, StoreError
 from eoguard.store.client import RedisClient
 from eoguard.store.dedup_admin import read_entries, read_records
+from eoguard.store.dedup_shards import Groups, ScopeShards
 from eoguard.store.dedup_types import (
     BatchRecord,
     BatchState,
@@ -79,8 +80,6 @@ _OK = DoneResult.OK
 T = TypeVar("T")
 RecordKey = tuple[int, str]
 """A batch record: its shard and its key (renewals group records by hash slot)."""
-Groups = dict[int, tuple[list[int], list[str]]]
-"""Claims by shard: shard -> (their indexes in the batch, their claim keys)."""
 
 
 class DedupStore:
@@ -96,13 +95,11 @@ class DedupStore:
         self.lease_ms = lease_ms
         self.grace_ms = grace_ms
         self._scripts = Scripts(client)
-        self._key_prefixes = self.keys.dedup_prefixes(scope)
-        self._record_prefixes = tuple(self.keys.dedup_batch_prefix(scope, shard)
-                                      for shard in range(self.keys.shards))
-        self._reowned_prefixes = tuple(self.keys.dedup_reowned_prefix(scope, shard)
-                                       for shard in range(self.keys.shards))
         # A script may touch keys of several hash slots on a single node, not on a cluster.
-        self._one_call = not isinstance(client, RedisCluster)
+        self._shards = ScopeShards(self.keys, scope, one_call=not isinstance(client, RedisCluster))
+        self._key_prefixes = self._shards.key_prefixes
+        self._record_prefixes = self._shards.record_prefixes
+        self._reowned_prefixes = self._shards.reowned_prefixes
         self.round_trips = 0
 
     @staticmethod
@@ -136,10 +133,10 @@ class DedupStore:
     def prepare_claim(self, token: str, claims: Sequence[Claim]) -> Prepared[ClaimReport]:
         """The calls of :meth:`claim`, to send with others in one round trip (:meth:`send`)."""
         _check_token(token)
-        groups = self._group(claims)
+        groups = self._shards.group(claims)
         calls = []
         grace, prefixes = self.grace_ms, self._record_prefixes
-        for shards in self._calls(groups):
+        for shards in self._shards.calls(groups):
             keys = [prefixes[shard] + token for shard in shards]
             argv: list[ScriptArg] = [token, self.lease_ms, grace, self.keys.max_ttl_ms,
                                      len(shards)]
@@ -152,7 +149,7 @@ class DedupStore:
                     claim = claims[i]
                     argv += (claim[1], claim[2] + grace)  # position, the key's PXAT
             calls.append(ScriptCall("dedup_claim", keys, argv))
-        order = self._order(groups)
+        order = self._shards.order(groups)
 
         def parse(replies: list[Any]) -> ClaimReport:
             results: list[Any] = [None] * len(claims)
@@ -198,11 +195,11 @@ class DedupStore:
         message's claim key hash tag (:meth:`effect_key`).
         """
         _check_token(token)
-        groups = self._group(claims)
+        groups = self._shards.group(claims)
         calls: list[ScriptCall] = []
         simple_calls: list[bool] = []
         call_members: list[list[int]] = []  # per call, its claims in the order of its keys
-        for shards in self._calls(groups):
+        for shards in self._shards.calls(groups):
             members = [i for shard in shards for i in groups[shard][0]]
             call_members.append(members)
             simple = handled is None or all(handled[i] for i in members)
@@ -213,7 +210,7 @@ class DedupStore:
             bound = int(time.time() * 1000) + self.keys.max_ttl_ms + self.grace_ms
             latest = [min(max(claims[i][2] for i in groups[shard][0]) + self.grace_ms, bound)
                       for shard in shards]
-            keys = self._done_keys(token, shards)
+            keys = self._shards.done_keys(token, shards)
             if simple:  # the common case: every message handled, none with effects
                 calls.append(ScriptCall("dedup_done", keys, [
                     token, len(shards), 0, *(0 for _ in shards), *latest, 1]))
@@ -282,10 +279,10 @@ class DedupStore:
         _check_token(token)
         wanted = range(self.keys.shards) if shards is None else sorted(set(shards))
         groups: Groups = {shard: ([], []) for shard in wanted}
-        calls = [ScriptCall("dedup_done", self._done_keys(token, call_shards),
+        calls = [ScriptCall("dedup_done", self._shards.done_keys(token, call_shards),
                             [token, len(call_shards), 0, *(0 for _ in call_shards),
                              *(0 for _ in call_shards), 1])
-                 for call_shards in self._calls(groups)]
+                 for call_shards in self._shards.calls(groups)]
         return Prepared(calls, lambda _replies: None)
 
     def batch_records(self, token: str, shards: Sequence[int] | None = None
@@ -317,16 +314,16 @@ class DedupStore:
                         ) -> Prepared[list[ReleaseResult]]:
         """The calls of :meth:`release`, to send with others in one round trip."""
         _check_token(token)
-        groups = self._group(claims)
+        groups = self._shards.group(claims)
         prefixes = self._record_prefixes
         calls = []
-        for shards in self._calls(groups):
+        for shards in self._shards.calls(groups):
             keys = [prefixes[shard] + token for shard in shards]
             for shard in shards:
                 keys += groups[shard][1]
             calls.append(ScriptCall("dedup_release", keys, [
                 token, len(shards), *(len(groups[shard][0]) for shard in shards)]))
-        order = self._order(groups)
+        order = self._shards.order(groups)
 
         def parse(replies: list[Any]) -> list[ReleaseResult]:
             results: list[Any] = [None] * len(claims)
@@ -350,7 +347,7 @@ class DedupStore:
     def prepare_renew(self, records: Sequence[RecordKey], lease_ms: int | None = None
                       ) -> Prepared[list[RenewResult]]:
         lease = self.lease_ms if lease_ms is None else lease_ms
-        if self._one_call:
+        if self._shards.one_call:
             batches = [list(range(len(records)))] if records else []
         else:
             by_shard: dict[int, list[int]] = {}
@@ -402,40 +399,6 @@ class DedupStore:
         return bool(self._scripts.execute(pipe, doing="deleting a claim key")[0])
 
     # Internals -------------------------------------------------------------
-    def _group(self, claims: Sequence[Claim]) -> Groups:
-        """The claims by shard, in order of first appearance."""
-        groups: Groups = {}
-        keys, prefixes = self.keys, self._key_prefixes
-        for i, claim in enumerate(claims):
-            if claim[4]:
-                shard, key = claim[3], claim[4]
-            else:
-                shard = keys.shard_of(claim[0])
-                key = prefixes[shard] + claim[0]
-            group = groups.get(shard)
-            if group is None:
-                groups[shard] = ([i], [key])
-            else:
-                group[0].append(i)
-                group[1].append(key)
-        return groups
-
-    def _calls(self, groups: Groups) -> list[list[int]]:
-        """The shards of each script call: all in one on a single node, one each on a cluster."""
-        if not groups:
-            return []
-        return [list(groups)] if self._one_call else [[shard] for shard in groups]
-
-    def _done_keys(self, token: str, shards: Sequence[int]) -> list[str]:
-        """The batch records, then the re-owned hashes, of the pass ``token`` on ``shards``."""
-        return [*(self._record_prefixes[shard] + token for shard in shards),
-                *(self._reowned_prefixes[shard] + token for shard in shards)]
-
-    @staticmethod
-    def _order(groups: Groups) -> list[int]:
-        """The claims' indexes in the order the calls list their keys."""
-        return [i for members, _ in groups.values() for i in members]
-
     def _run(self, prepared: Prepared[T], doing: str) -> T:
         if not prepared.calls:
             return prepared.parse([])

@@ -6,10 +6,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext
+from eoguard.stack.redis_server import RedisServer
+from eoguard.store.dedup import DedupStore
+from eoguard.store.keys import KeySpace
+from eoguard.store.scripts import lua_script
 from tests.consumer_kit import consumer_config
+from tests.dedup_kit import GRACE_MS, LEASE_MS
 
 
 @pytest.fixture
@@ -34,3 +40,27 @@ def make(made, kafka_bootstrap: str, redis_url: str, key_prefix: str, new_topic
         made.append(consumer)
         return consumer
     return build
+
+
+@pytest.fixture
+def store(redis_client: redis.Redis, key_prefix: str) -> DedupStore:
+    return DedupStore(redis_client, scope="billing", keys=KeySpace(prefix=key_prefix),
+                      lease_ms=LEASE_MS, grace_ms=GRACE_MS)
+
+
+@pytest.fixture
+def one_shard(redis_client: redis.Redis, key_prefix: str) -> DedupStore:
+    """A store whose claims all share one shard: one batch record per token."""
+    return DedupStore(redis_client, scope="billing", keys=KeySpace(prefix=key_prefix, shards=1),
+                      lease_ms=LEASE_MS, grace_ms=GRACE_MS)
+
+
+@pytest.fixture
+def own_redis(private_redis: RedisServer) -> Iterator[redis.Redis]:
+    """A client of a Redis of this test alone, the dedup scripts loaded (a NOSCRIPT answer
+    would count a second call)."""
+    client = redis.Redis.from_url(private_redis.address)
+    for name in ("dedup_claim", "dedup_done", "dedup_release", "dedup_renew"):
+        client.script_load(lua_script(name).source)
+    yield client
+    client.close()
