@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from eoguard.store.keys import KeySpace
+
 __all__ = [
     "BatchRecord",
     "BatchState",
@@ -239,7 +241,7 @@ class DedupEntry:
     @property
     def scope(self) -> str:
         """The consumer scope, from the key's hash tag ``{<scope>/<shard>}``."""
-        return self.key[self.key.index("{") + 1:self.key.index("}")].rsplit("/", 1)[0]
+        return KeySpace.scope_of(self.key)
 
     def id_state(self, now_ms: int) -> IdState:
         """The id's state by the v2 rules, judged at ``now_ms``."""

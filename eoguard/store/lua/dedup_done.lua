@@ -139,9 +139,7 @@ for j = 1, groups do
         code, value = take_back(key, mine, records)
         taken_at[key] = nil
       end
-      if code ~= 0 then
-        -- settled by take_back: ALREADY_DONE, NOT_OWNED or ABSENT
-        details = details
+      if code ~= 0 then -- settled by take_back (ALREADY_DONE, NOT_OWNED or ABSENT): done here
       elseif not value then
         code = 4
       else
