@@ -3,12 +3,19 @@
 This module holds the public API only; everything listed in ``__all__`` is stable.
 """
 
-from eoguard.codec import EnvelopeCodec, PayloadCodec, SchemaRegistry
+from eoguard.codec import EnvelopeCodec, InputLimits, PayloadCodec, SchemaRegistry
 from eoguard.config import ConsumerConfig, ProducerConfig, RedisConfig
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext, RedisTx
 from eoguard.consumer.state import ConsumerStats
-from eoguard.envelope import Envelope, derived_message_id, new_message_id, now_ms
+from eoguard.envelope import (
+    Envelope,
+    canonical_id,
+    derived_message_id,
+    message_id_for,
+    new_message_id,
+    now_ms,
+)
 from eoguard.errors import (
     BackpressureError,
     BadMagicError,
@@ -22,6 +29,7 @@ from eoguard.errors import (
     DeadLetterError,
     DemoError,
     EoguardError,
+    InvalidEnvelopeError,
     InvalidInputError,
     InvalidMessageError,
     MessageTooLargeError,
@@ -64,6 +72,8 @@ __all__ = [
     "GuardedConsumer",
     "GuardedProducer",
     "HandlerContext",
+    "InputLimits",
+    "InvalidEnvelopeError",
     "InvalidInputError",
     "InvalidMessageError",
     "KeepUntil",
@@ -88,7 +98,9 @@ __all__ = [
     "StoreUnavailableError",
     "UnavailableError",
     "UnknownFingerprintError",
+    "canonical_id",
     "derived_message_id",
+    "message_id_for",
     "new_message_id",
     "now_ms",
 ]

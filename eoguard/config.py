@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from eoguard.codec.rules import InputLimits
 from eoguard.errors import ConfigError
 from eoguard.modes import KeepUntil, PersistenceMode
 from eoguard.redaction import redact, redact_url
@@ -19,6 +20,7 @@ from eoguard.store.keys import KeySpace
 
 __all__ = [
     "ConsumerConfig",
+    "InputLimits",
     "KeepUntil",
     "PersistenceMode",
     "ProducerConfig",
@@ -40,6 +42,13 @@ def _redact_url(url: str | None) -> str | None:
 def _positive(name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise ConfigError(f"{name} must be a positive number, got {value!r}")
+
+
+def _check_limits(keyspace: object, limits: object) -> None:
+    if not isinstance(keyspace, KeySpace):
+        raise ConfigError("keyspace must be a KeySpace")
+    if not isinstance(limits, InputLimits):
+        raise ConfigError("input_limits must be an InputLimits")
 
 
 # --- Redis -------------------------------------------------------------------------------
@@ -121,6 +130,9 @@ class ProducerConfig:
     ``resend_after_s`` (default: ``message.timeout.ms`` + 15 s) is how long a record may stay
     unacknowledged before another producer may resend it; it must exceed librdkafka's own
     delivery timeout, so a resend never races librdkafka's retries of a live producer.
+    ``default_ttl_s`` and every ``send``'s TTL stay within the key prefix's ``max_ttl_ms``
+    (:class:`KeySpace`), and headers and payloads within ``input_limits`` (set them as your
+    consumers do): a consumer refuses what lies beyond, so ``send`` refuses it first.
     """
 
     kafka: Mapping[str, Any] = field(repr=False)
@@ -140,6 +152,7 @@ class ProducerConfig:
     recover_on_start: bool = True
     batch_max_messages: int = 1_000
     keyspace: KeySpace = field(default_factory=KeySpace)
+    input_limits: InputLimits = field(default_factory=InputLimits)
     instance_id: str | None = None
 
     def __post_init__(self) -> None:
@@ -172,8 +185,16 @@ class ProducerConfig:
                 )
         if self.lease_s < 0.3:
             raise ConfigError("lease_s must be at least 0.3 s (heartbeats run every lease_s/3)")
+        _check_limits(self.keyspace, self.input_limits)
+        if self.default_ttl_s * 1000 > self.keyspace.max_ttl_ms:
+            raise ConfigError(f"default_ttl_s ({self.default_ttl_s}) exceeds the key prefix's "
+                              f"max_ttl_ms ({self.keyspace.max_ttl_ms})")
         if self.instance_id is not None and not self.instance_id:
             raise ConfigError("instance_id must be non-empty when given")
+        if self.instance_id is not None and len(self.instance_id) > \
+                self.input_limits.producer_chars:
+            raise ConfigError(f"instance_id is over {self.input_limits.producer_chars} "
+                              "characters (input_limits.producer_chars)")
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__dataclass_fields__
@@ -231,6 +252,8 @@ class ConsumerConfig:
     :meth:`kafka_config` turns ``enable.auto.commit`` and ``enable.auto.offset.store`` off
     (offsets are stored only after a batch is done) and defaults ``auto.offset.reset`` to
     ``earliest``. ``scope`` is the dedup namespace: each scope handles a message once.
+    Records that break ``input_limits`` or the key prefix's ``max_ttl_ms`` are malformed
+    (:mod:`eoguard.codec.rules`): dead-lettered, never claimed.
     Claims are renewed every ``lease_s / 3`` while their batch is handled, so ``lease_s`` only
     bounds how long a crashed consumer's claims block a duplicate; ``busy_wait_s`` bounds how long a
     batch waits on a claim another owner holds; dedup keys live until ``expires_at + grace_s``.
@@ -253,6 +276,7 @@ class ConsumerConfig:
     expired_to_dead_letter: bool = False
     ack_outbox: bool = True
     keyspace: KeySpace = field(default_factory=KeySpace)
+    input_limits: InputLimits = field(default_factory=InputLimits)
     instance_id: str | None = None
 
     def __post_init__(self) -> None:
@@ -280,6 +304,7 @@ class ConsumerConfig:
                               f"stay below max.poll.interval.ms ({max_poll_s} s)")
         if self.dead_letter_topic is not None and not self.dead_letter_topic:
             raise ConfigError("dead_letter_topic must be non-empty when given")
+        _check_limits(self.keyspace, self.input_limits)
         if self.instance_id is not None and not self.instance_id:
             raise ConfigError("instance_id must be non-empty when given")
 

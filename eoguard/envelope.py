@@ -14,6 +14,12 @@ Ids:
 - :func:`derived_message_id` returns a deterministic UUIDv8 for the ``index``-th message a
   handler emits while processing ``parent_id``, so a retried read-process-write step
   produces the same ids and downstream dedup drops the repeats.
+- :func:`message_id_for` returns a deterministic UUIDv5 for a business key (an order number,
+  say) in a namespace, so an application that sends the same thing again after its own crash
+  sends it under the same id, and consumers handle it once.
+- :func:`canonical_id` is how every reader turns an id from a topic into the text its keys
+  are built from: any spelling of a UUID becomes lowercase hyphenated text; anything else is
+  refused. The Spark job applies the same steps as Column expressions.
 """
 
 from __future__ import annotations
@@ -21,12 +27,20 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 
-__all__ = ["Envelope", "derived_message_id", "new_message_id", "now_ms"]
+__all__ = [
+    "Envelope",
+    "canonical_id",
+    "derived_message_id",
+    "message_id_for",
+    "new_message_id",
+    "now_ms",
+]
 
 
 def now_ms() -> int:
@@ -39,8 +53,9 @@ class Envelope:
     """One message as eoguard carries it: id, expiry, provenance and the payload bytes.
 
     ``payload_schema`` is the full name of the Avro schema the payload is encoded with
-    (see :class:`eoguard.codec.PayloadCodec`), or ``None`` for raw application bytes.
-    Times are epoch milliseconds (UTC).
+    (see :class:`eoguard.codec.PayloadCodec`), or ``None`` for raw application bytes;
+    ``payload_fingerprint`` names the exact version of it that wrote the payload (``None``
+    for raw bytes, and in envelopes from before version 3). Times are epoch milliseconds (UTC).
     """
 
     id: str
@@ -51,6 +66,7 @@ class Envelope:
     payload_schema: str | None
     payload: bytes
     headers: dict[str, str] = field(default_factory=dict)
+    payload_fingerprint: bytes | None = None
 
     def is_expired(self, now_ms: int | None = None) -> bool:
         """True once ``now_ms`` (default: the wall clock) has reached ``expires_at_ms``."""
@@ -72,8 +88,10 @@ class Envelope:
         headers: dict[str, str] | None = None,
         message_id: str | None = None,
         created_at_ms: int | None = None,
+        payload_fingerprint: bytes | None = None,
     ) -> Envelope:
-        """A first-attempt envelope with a new id, created now, expiring ``ttl_ms`` later."""
+        """A first-attempt envelope, created now, expiring ``ttl_ms`` later, with a new id
+        unless ``message_id`` (canonical UUID text) is given."""
         created = now_ms() if created_at_ms is None else created_at_ms
         return cls(
             id=new_message_id() if message_id is None else message_id,
@@ -84,6 +102,7 @@ class Envelope:
             payload_schema=payload_schema,
             payload=payload,
             headers={} if headers is None else dict(headers),
+            payload_fingerprint=payload_fingerprint,
         )
 
 
@@ -167,3 +186,57 @@ def derived_message_id(parent_id: str, index: int) -> str:
     rand_b = bits & ((1 << 62) - 1)
     head = parent.int >> 80
     return _format((head << 80) | _VERSION_8 | (rand_a << 64) | _VARIANT | rand_b)
+
+
+# --- Ids from outside: canonical text and business keys --------------------------------
+
+MAX_ID_CHARS = 47
+"""The longest id text accepted: ``urn:uuid:`` and the braced 38-character form."""
+
+_CANONICAL = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}").fullmatch
+_SPELLED = re.compile(
+    r"([0-9a-f]{8})-?([0-9a-f]{4})-?([0-9a-f]{4})-?([0-9a-f]{4})-?([0-9a-f]{12})").fullmatch
+
+
+def canonical_id(text: str) -> str | None:
+    """``text`` as lowercase hyphenated UUID text, or ``None`` when it is not a UUID.
+
+    Accepted spellings, in this order of steps (the Spark job's decode mirrors them):
+    at most :data:`MAX_ID_CHARS` characters; lowercased; an optional ``urn:uuid:`` prefix
+    removed; optional surrounding braces removed; then 32 hex digits, with or without the
+    four hyphens at their usual places. ``uuid.UUID`` is not used: it also accepts hyphens
+    anywhere, ``+`` and ``_`` inside the digits.
+    """
+    if _CANONICAL(text):  # the common case: eoguard's own ids
+        return text
+    if len(text) > MAX_ID_CHARS:
+        return None
+    low = text.lower()
+    if low.startswith("urn:uuid:"):
+        low = low[9:]
+    if low.startswith("{") and low.endswith("}"):
+        low = low[1:-1]
+    match = _SPELLED(low)
+    return None if match is None else "-".join(match.groups())
+
+
+_BUSINESS_NAMESPACE = uuid.UUID("6f1c9a52-3e0b-5d7a-9b44-0e6a1f3c2d18")
+"""Fixed root under which :func:`message_id_for` turns a namespace name into a UUID."""
+
+
+def message_id_for(namespace: str | uuid.UUID, key: str | bytes) -> str:
+    """The stable message id of business key ``key`` in ``namespace`` (a UUIDv5).
+
+    The same namespace and key always give the same id, in any process or language that
+    computes RFC 9562 UUIDv5: ``namespace`` given as text is first made a UUID itself
+    (``uuid5(6f1c9a52-3e0b-5d7a-9b44-0e6a1f3c2d18, namespace)``), then the id is
+    ``uuid5(namespace, key)`` with ``key`` as UTF-8. Pick one namespace per kind of thing
+    sent (``"orders"``), so equal keys of different kinds do not collide.
+    """
+    ns = namespace if isinstance(namespace, uuid.UUID) else uuid.uuid5(_BUSINESS_NAMESPACE,
+                                                                      namespace)
+    name = key if isinstance(key, bytes) else key.encode("utf-8")
+    digest = bytearray(hashlib.sha1(ns.bytes + name, usedforsecurity=False).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
+    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 9562 variant
+    return str(uuid.UUID(bytes=bytes(digest)))

@@ -14,7 +14,8 @@ root, three groups say what to do: fix the input, retry later, or re-read the st
     │       ├── UnknownFingerprintError schema fingerprint is not one eoguard knows
     │       ├── CorruptRecordError      body truncated or not valid Avro for its schema
     │       ├── SchemaNotFoundError     a payload schema named by a record or a caller is not loaded
-    │       └── PayloadEncodeError      a payload does not match the schema it is encoded with
+    │       ├── PayloadEncodeError      a payload does not match the schema it is encoded with
+    │       └── InvalidEnvelopeError    decoded, but breaks an input rule (id, expiry, size)
     ├── UnavailableError            a service failed or cannot be reached: retry later, with backoff
     │   ├── StoreError              Redis refused or failed an operation
     │   │   └── StoreUnavailableError   Redis cannot be reached (connection, timeout, auth)
@@ -92,6 +93,14 @@ class SchemaNotFoundError(CodecError):
 
 class PayloadEncodeError(CodecError):
     """A payload does not match the schema it is being encoded with."""
+
+
+class InvalidEnvelopeError(CodecError):
+    """An envelope decoded but breaks an input rule (``rule``: id, expiry, attempt, size)."""
+
+    def __init__(self, message: str, *, rule: str) -> None:
+        super().__init__(message)
+        self.rule = rule
 
 
 # --- A service failed: retry later -----------------------------------------------------------

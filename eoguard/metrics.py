@@ -25,6 +25,7 @@ Producer (``GuardedProducer.stats()``):
     eoguard_producer_expired_total              counter  messages expired before guaranteed or resent
     eoguard_producer_delivery_failures_total    counter  failed Kafka delivery reports
     eoguard_producer_redis_writes_avoided_total counter  delayed mode: acked by Kafka within the delay
+    eoguard_producer_already_in_outbox_total    counter  sends of an id already in the outbox
     eoguard_producer_delay_seconds              gauge    current adaptive persistence delay
     eoguard_producer_queue_messages             gauge    messages held in memory
     eoguard_producer_queue_bytes                gauge    bytes held in memory
@@ -97,6 +98,8 @@ PRODUCER_METRICS: dict[str, tuple[str, str, float, str]] = {
                           "Failed Kafka delivery reports."),
     "redis_writes_avoided": ("eoguard_producer_redis_writes_avoided", "counter", 1,
                              "Delayed mode: messages acked by Kafka within the delay, never written."),
+    "already_in_outbox": ("eoguard_producer_already_in_outbox", "counter", 1,
+                          "Sends of a caller's id already in the outbox: not stored again."),
     "current_delay_ms": ("eoguard_producer_delay_seconds", "gauge", 1e-3,
                          "Current adaptive persistence delay."),
     "queue_depth": ("eoguard_producer_queue_messages", "gauge", 1, "Messages held in memory."),

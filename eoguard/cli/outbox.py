@@ -140,9 +140,11 @@ def show(cli: CliContext, message_id: str) -> None:
         envelope = {"id": env.id, "producer": env.producer, "attempt": env.attempt,
                     "created_at": render.iso_ms(env.created_at_ms),
                     "expires_at": render.iso_ms(env.expires_at_ms),
-                    "payload_schema": env.payload_schema, "payload_bytes": len(env.payload),
-                    "headers": env.headers}
-        payload = _payload_json(PayloadCodec().decode(env.payload, env.payload_schema))
+                    "payload_schema": env.payload_schema,
+                    "payload_writer": (env.payload_fingerprint.hex()
+                                       if env.payload_fingerprint else None),
+                    "payload_bytes": len(env.payload), "headers": env.headers}
+        payload = _payload_json(PayloadCodec().decode_envelope(env))
     except CodecError as exc:
         error = f"{type(exc).__name__}: {exc}"
     data = {"record": record, "envelope": envelope, "payload": payload, "decode_error": error}

@@ -2,6 +2,7 @@
 
 from eoguard.codec.envelope_codec import ENVELOPE_SCHEMA, HEADER_SIZE, MAGIC, EnvelopeCodec
 from eoguard.codec.payload import PayloadCodec
+from eoguard.codec.rules import InputLimits, check_envelope
 from eoguard.codec.schemas import RegisteredSchema, SchemaRegistry, fingerprint_of
 
 __all__ = [
@@ -9,8 +10,10 @@ __all__ = [
     "HEADER_SIZE",
     "MAGIC",
     "EnvelopeCodec",
+    "InputLimits",
     "PayloadCodec",
     "RegisteredSchema",
     "SchemaRegistry",
+    "check_envelope",
     "fingerprint_of",
 ]

@@ -41,13 +41,13 @@ ENVELOPE_SCHEMA = "eoguard.Envelope"
 
 def _slot_setters() -> tuple[Callable[[Envelope, Any], None], ...]:
     slots = ("id", "expires_at_ms", "created_at_ms", "producer", "attempt",
-             "payload_schema", "payload", "headers")
+             "payload_schema", "payload", "headers", "payload_fingerprint")
     assert set(slots) == {f.name for f in dataclasses.fields(Envelope)}
     return tuple(vars(Envelope)[name].__set__ for name in slots)
 
 
 _SET_ID, _SET_EXPIRES, _SET_CREATED, _SET_PRODUCER, _SET_ATTEMPT, _SET_SCHEMA, _SET_PAYLOAD, \
-    _SET_HEADERS = _slot_setters()
+    _SET_HEADERS, _SET_PAYLOAD_FP = _slot_setters()
 
 
 def _envelope_from_record(record: dict[str, Any]) -> Envelope:
@@ -65,6 +65,7 @@ def _envelope_from_record(record: dict[str, Any]) -> Envelope:
     _SET_SCHEMA(env, record["payload_schema"])
     _SET_PAYLOAD(env, record["payload"])
     _SET_HEADERS(env, record["headers"])
+    _SET_PAYLOAD_FP(env, record["payload_fingerprint"])
     return env
 
 
@@ -110,6 +111,7 @@ class EnvelopeCodec:
             "payload_schema": envelope.payload_schema,
             "payload": envelope.payload,
             "headers": envelope.headers,
+            "payload_fingerprint": envelope.payload_fingerprint,
         }
         try:
             schemaless_writer(out, self._current.plain, record)

@@ -18,6 +18,7 @@ from typing import Any
 
 from confluent_kafka import Message
 
+from eoguard.codec import check_envelope
 from eoguard.config import ConsumerConfig
 from eoguard.consumer.dead_letter import DeadLetterReason, DeadLetterRouter
 from eoguard.consumer.handler import (
@@ -86,14 +87,16 @@ class BatchProcessor:
         now, reader, prefixes, topics = now_ms(), self._reader, self._key_prefixes, self._topics
         shards, crc32 = len(prefixes), zlib.crc32  # KeySpace.shard_of, inlined: hot path
         decode, payload_of, new_tuple = self._codec.decode, self._payloads.decode, tuple.__new__
+        max_ttl_ms, limits = self.config.keyspace.max_ttl_ms, self.config.input_limits
         for msg in msgs:
             topic, partition, offset = msg.topic() or "", msg.partition() or 0, msg.offset() or 0
             ends[topic, partition] = offset + 1
-            try:  # Step 2.
-                envelope = decode(msg.value())
+            try:  # Step 2. Untrusted input: checked (id normalised) before any key is built.
+                envelope = check_envelope(decode(msg.value()), now_ms=now, max_ttl_ms=max_ttl_ms,
+                                          limits=limits)
                 schema = envelope.payload_schema
-                payload = envelope.payload if schema is None else payload_of(envelope.payload,
-                                                                             schema)
+                payload = envelope.payload if schema is None else payload_of(
+                    envelope.payload, schema, envelope.payload_fingerprint)
             except CodecError as exc:
                 self._dead.route(msg, reason=DeadLetterReason.MALFORMED,
                                  error_type=type(exc).__name__, error=str(exc))

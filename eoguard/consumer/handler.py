@@ -245,6 +245,7 @@ class HandlerContext:
             payload_schema=payload_schema,
             payload=env.payloads.encode(value, payload_schema),
             headers=dict(headers or {}),
+            payload_fingerprint=env.payloads.writer_fingerprint(payload_schema),
         )
         raw_key = key.encode() if isinstance(key, str) else key
         self._outputs.append(OutputRecord(topic, raw_key, env.codec.encode(envelope), message_id))

@@ -24,10 +24,11 @@ from typing import Any
 
 from eoguard.codec import EnvelopeCodec, PayloadCodec, SchemaRegistry
 from eoguard.config import ProducerConfig
-from eoguard.envelope import Envelope
+from eoguard.envelope import Envelope, canonical_id
 from eoguard.errors import (
     BackpressureError,
     EoguardError,
+    InvalidMessageError,
     MessageTooLargeError,
     PersistError,
     ProducerClosedError,
@@ -77,6 +78,8 @@ class GuardedProducer:
         self._codec = EnvelopeCodec(registry)
         self._payloads = PayloadCodec(registry)
         self._ttl_ms = int(config.default_ttl_s * 1000)
+        self._max_ttl_ms = config.keyspace.max_ttl_ms
+        self._payload_limit = config.input_limits.payload_bytes
         self._delayed = config.mode is PersistenceMode.DELAYED
         self._closed = False
         self._sends = 0
@@ -118,25 +121,40 @@ class GuardedProducer:
     # Sending ---------------------------------------------------------------------------
     def send(self, topic: str, value: Any, key: bytes | str | None = None, *,
              ttl_s: float | None = None, schema: str | None = None,
-             headers: Mapping[str, str] | None = None,
+             headers: Mapping[str, str] | None = None, message_id: str | None = None,
              on_guaranteed: GuaranteedCallback | None = None,
              on_failed: FailedCallback | None = None) -> SendHandle:
         """Send one message; returns at once with its handle (blocks only when the queue is full).
 
         ``value`` is bytes (``schema=None``) or an object encoded with the Avro schema named
-        ``schema``. Raises :class:`InvalidMessageError`, :class:`MessageTooLargeError`,
-        :class:`SchemaNotFoundError` / :class:`PayloadEncodeError`, :class:`BackpressureError`
-        (queue full past ``send_timeout_s``), :class:`PersistError` (persist-first, queue full
-        because the outbox is unreachable) or :class:`ProducerClosedError`.
+        ``schema``. ``message_id`` is the caller's own id (a UUID, for example from
+        :func:`eoguard.message_id_for`), so a send repeated after the application's own crash
+        is the same message to every consumer scope; persist-first does not publish it again
+        while the first send's record is in the outbox (its ``on_guaranteed`` fires at once).
+        Raises :class:`InvalidMessageError` (also for a TTL beyond the key prefix's
+        ``max_ttl_ms``, or headers or payload beyond ``input_limits``),
+        :class:`MessageTooLargeError`, :class:`SchemaNotFoundError` /
+        :class:`PayloadEncodeError`, :class:`BackpressureError` (queue full past
+        ``send_timeout_s``), :class:`PersistError` (persist-first, queue full because the
+        outbox is unreachable) or :class:`ProducerClosedError`.
         """
         if self._closed:
             raise ProducerClosedError("send after close")
-        key = check_send_args(topic, value, key, schema=schema, headers=headers, ttl_s=ttl_s)
+        key = check_send_args(topic, value, key, schema=schema, headers=headers, ttl_s=ttl_s,
+                              message_id=message_id, max_ttl_ms=self._max_ttl_ms,
+                              limits=self.config.input_limits)
         ttl_ms = self._ttl_ms if ttl_s is None else max(1, int(ttl_s * 1000))
         payload = (value if schema is None and value.__class__ is bytes
                    else self._payloads.encode(value, schema))
+        if len(payload) > self._payload_limit:
+            raise InvalidMessageError(f"payload of {len(payload)} bytes is over "
+                                      f"input_limits.payload_bytes ({self._payload_limit})")
         env = Envelope.create(payload, ttl_ms=ttl_ms, producer=self.instance_id,
-                              payload_schema=schema, headers=dict(headers) if headers else None)
+                              payload_schema=schema, headers=dict(headers) if headers else None,
+                              message_id=message_id if message_id is None
+                              else canonical_id(message_id),
+                              payload_fingerprint=None if schema is None
+                              else self._payloads.writer_fingerprint(schema))
         data = self._codec.encode(env)
         size = len(data) + (len(key) if key else 0)
         if size > self.config.max_message_bytes:
@@ -293,6 +311,7 @@ class GuardedProducer:
                 persisted=c.persisted, published=c.published, resent=c.resent,
                 expired=c.expired, delivery_failures=c.delivery_failures,
                 redis_writes_avoided=c.redis_writes_avoided,
+                already_in_outbox=c.already_in_outbox,
                 current_delay_ms=e.delay_ms if e.delayed else 0.0,
                 queue_depth=self._queue.depth, queue_bytes=self._queue.bytes,
                 ack_latency_p50_ms=p50, ack_latency_p99_ms=p99,

@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from eoguard.codec.rules import InputLimits
+from eoguard.envelope import canonical_id
 from eoguard.errors import EoguardError, InvalidMessageError
 from eoguard.modes import PersistenceMode
 
@@ -30,10 +32,15 @@ FailedCallback = Callable[["SendHandle", EoguardError], None]
 
 
 def check_send_args(topic: object, value: object, key: object, *, schema: str | None,
-                    headers: Mapping[str, str] | None, ttl_s: object) -> bytes | None:
-    """Refuse invalid ``send`` arguments with :class:`InvalidMessageError`; the key as bytes."""
+                    headers: Mapping[str, str] | None, ttl_s: object, message_id: object,
+                    max_ttl_ms: int, limits: InputLimits) -> bytes | None:
+    """Refuse invalid ``send`` arguments with :class:`InvalidMessageError`; the key as bytes.
+
+    What a consumer would refuse as malformed (:mod:`eoguard.codec.rules`) is refused here:
+    an id that is not a UUID, a TTL beyond ``max_ttl_ms``, headers beyond ``limits``.
+    """
     if (topic.__class__ is str and topic and ttl_s is None and headers is None
-            and (key is None or key.__class__ is bytes)
+            and message_id is None and (key is None or key.__class__ is bytes)
             and (schema is not None or value.__class__ is bytes)):
         return key  # the common case, checked at once
     if not isinstance(topic, str) or not topic:
@@ -41,9 +48,20 @@ def check_send_args(topic: object, value: object, key: object, *, schema: str | 
     if ttl_s is not None and (isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float))
                               or ttl_s <= 0):
         raise InvalidMessageError(f"ttl_s must be a positive number, got {ttl_s!r}")
-    if headers is not None and not all(isinstance(k, str) and isinstance(v, str)
-                                       for k, v in headers.items()):
-        raise InvalidMessageError("headers must map str to str")
+    if ttl_s is not None and ttl_s * 1000 > max_ttl_ms:
+        raise InvalidMessageError(f"ttl_s {ttl_s} exceeds the key prefix's max_ttl_ms "
+                                  f"({max_ttl_ms}): consumers would refuse the message")
+    if message_id is not None and (not isinstance(message_id, str)
+                                   or canonical_id(message_id) is None):
+        raise InvalidMessageError(f"message_id must be a UUID, got {message_id!r}")
+    if headers is not None:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+            raise InvalidMessageError("headers must map str to str")
+        size = sum(len(k.encode()) + len(v.encode()) for k, v in headers.items())
+        if len(headers) > limits.header_count or size > limits.header_bytes:
+            raise InvalidMessageError(
+                f"{len(headers)} headers of {size} bytes exceed input_limits "
+                f"({limits.header_count} headers, {limits.header_bytes} bytes)")
     if schema is None and not isinstance(value, (bytes, bytearray, memoryview)):
         raise InvalidMessageError(
             f"value must be bytes when no schema is given, got {type(value).__name__}")
@@ -115,8 +133,8 @@ class PendingMessage(SendHandle):
     """
 
     __slots__ = ("acked", "created_at_ms", "created_mono", "key", "on_failed",
-                 "on_guaranteed", "persisted", "persisting", "released", "sink", "size",
-                 "value")
+                 "on_guaranteed", "persisted", "persisting", "released", "rewritten", "sink",
+                 "size", "value")
 
     headers: Mapping[str, str] | None = None  # Kafka record headers: send() sets none
     attempt: int = 1
@@ -145,6 +163,7 @@ class PendingMessage(SendHandle):
         self.persisting = False  # an outbox write of it is in flight
         self.persisted = False  # it is in the outbox
         self.released = False  # its room in the bounded queue was given back
+        self.rewritten = False  # written again after a failed write (which may have landed)
 
     def delivered(self, err: object, msg: object) -> None:
         """librdkafka's delivery callback: hand the report to the producer's report queue."""
@@ -164,6 +183,7 @@ class Counters:
     expired: int = 0
     delivery_failures: int = 0
     redis_writes_avoided: int = 0
+    already_in_outbox: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -180,6 +200,7 @@ class ProducerStats:
     expired: int  # expired before guaranteed, or found expired by recovery
     delivery_failures: int
     redis_writes_avoided: int  # delayed mode: acknowledged by Kafka within the delay
+    already_in_outbox: int  # a caller's id whose record was there already: not stored again
     current_delay_ms: float
     queue_depth: int
     queue_bytes: int

@@ -131,11 +131,18 @@ class OutboxWriter:
             with self.queue.lock:
                 self.queue.marks_done_locked(len(first.marks) + len(first.resent))
         if first.batch:
-            self._settle_written(first.batch, set(result.expired))
+            self._settle_written(first.batch, set(result.expired), set(result.existing))
         return True
 
-    def _settle_written(self, batch: list[PendingMessage], expired: set[str]) -> None:
-        """Steps 2 and 3 of :meth:`finish`."""
+    def _settle_written(self, batch: list[PendingMessage], expired: set[str],
+                        existing: set[str]) -> None:
+        """Steps 2 and 3 of :meth:`finish`.
+
+        A message whose record was there already, and not from an earlier attempt of this
+        very write, is a send of a caller's id seen before (a repeat after the application's
+        crash): guaranteed by the record found, and persist-first does not publish it again
+        (that record's owner, or recovery, does).
+        """
         q, c = self.queue, self.counters
         settled: list[Settled] = []
         guaranteed = MessageState.GUARANTEED
@@ -154,14 +161,19 @@ class OutboxWriter:
                     if m.on_guaranteed is not None:
                         settled.append((m, None))
                 # Step 3.
+                if existing and m.id in existing and not m.rewritten:
+                    c.already_in_outbox += 1
+                    if not self.delayed:  # not published twice; delayed sent it already
+                        q.release_locked(m)
+                        continue
                 if self.delayed:
                     q.release_locked(m)
                     if m.acked:  # acknowledged while the write was in flight
                         q.add_marks_locked([m.id])
                 else:
                     q.to_produce.append(m)
-            c.persisted += len(batch) - len(expired)
-            if self.delayed or expired:
+            c.persisted += len(batch) - len(expired) - len(existing)
+            if self.delayed or expired or existing:
                 q.space.notify_all()
         self.dispatcher.submit(settled, wake=True)
 
@@ -177,6 +189,7 @@ class OutboxWriter:
             q.marks_done_locked(sum(len(w.marks) + len(w.resent) for w in started))
             if batch:
                 for m in batch:
+                    m.rewritten = True
                     if m.acked:  # delayed: Kafka acknowledged it meanwhile, nothing to write
                         m.persisting = False
                         if q.release_locked(m):

@@ -107,7 +107,8 @@ def test_the_plain_schema_has_the_same_fingerprint_as_the_full_one(registry: Sch
 
 def test_the_avro_package_reads_what_eoguard_wrote(codec: EnvelopeCodec,
                                                    registry: SchemaRegistry) -> None:
-    env = envelope(payload_schema=ORDER, payload=b"\x01\x02", headers={"h": "v", "x": ""})
+    env = envelope(payload_schema=ORDER, payload=b"\x01\x02", headers={"h": "v", "x": ""},
+                   payload_fingerprint=b"\x00\x01\x02\x03\x04\x05\x06\xff")
     value = codec.encode(env)
     reader = avro.io.DatumReader(avro_schema(registry.get("eoguard.Envelope").schema))
     body = io.BytesIO(value[HEADER_SIZE:])
@@ -120,6 +121,7 @@ def test_the_avro_package_reads_what_eoguard_wrote(codec: EnvelopeCodec,
         "id": env.id, "expires_at": env.expires_at_ms, "created_at": env.created_at_ms,
         "producer": env.producer, "attempt": env.attempt, "payload_schema": ORDER,
         "payload": b"\x01\x02", "headers": {"h": "v", "x": ""},
+        "payload_fingerprint": b"\x00\x01\x02\x03\x04\x05\x06\xff",
     }
 
 
@@ -158,16 +160,30 @@ def test_order_payload_is_readable_by_the_avro_package_and_back(registry: Schema
 
 
 def v0_value(registry: SchemaRegistry, record: dict[str, Any]) -> bytes:
-    current = registry.get("eoguard.Envelope")
-    v0 = next(s for s in registry.versions("eoguard.Envelope") if s is not current)
+    v0 = registry.by_fingerprint(fingerprint_of(json.loads(ENVELOPE_V0.read_text())))
     body = io.BytesIO()
     schemaless_writer(body, v0.plain, record)
     return MAGIC + v0.fingerprint + body.getvalue()
 
 
+def test_an_envelope_of_version_2_is_read_with_no_payload_fingerprint(
+        codec: EnvelopeCodec, registry: SchemaRegistry) -> None:
+    v2 = registry.by_fingerprint(fingerprint_of(
+        json.loads((SCHEMAS / "history" / "envelope_v2.avsc").read_text())))
+    assert v2.fingerprint != codec.fingerprint
+    message_id = new_message_id()
+    body = io.BytesIO()
+    schemaless_writer(body, v2.plain, {
+        "id": message_id, "expires_at": 20, "created_at": 10, "producer": "v2", "attempt": 1,
+        "payload_schema": ORDER, "payload": b"p", "headers": {"k": "v"}})
+    assert codec.decode(MAGIC + v2.fingerprint + body.getvalue()) == Envelope(
+        id=message_id, expires_at_ms=20, created_at_ms=10, producer="v2", attempt=1,
+        payload_schema=ORDER, payload=b"p", headers={"k": "v"}, payload_fingerprint=None)
+
+
 def test_an_envelope_written_by_the_older_schema_is_read_by_the_current_one(
         codec: EnvelopeCodec, registry: SchemaRegistry) -> None:
-    assert len(registry.versions("eoguard.Envelope")) == 2
+    assert len(registry.versions("eoguard.Envelope")) == 3  # current, history/v2, test v0
     message_id = new_message_id()
     value = v0_value(registry, {
         "id": message_id, "expires_at": 20, "created_at": 10, "producer": "old",
@@ -193,12 +209,11 @@ def test_a_codec_without_the_older_schema_reports_its_fingerprint(registry: Sche
 
 def test_history_directory_holds_older_versions(tmp_path: Path) -> None:
     shutil.copytree(SCHEMAS, tmp_path / "schemas")
-    (tmp_path / "schemas" / "history").mkdir()
     shutil.copy(ENVELOPE_V0, tmp_path / "schemas" / "history" / "envelope_v0.avsc")
     reg = SchemaRegistry.from_dir(tmp_path / "schemas")
     assert reg.get("eoguard.Envelope").fingerprint == fingerprint_of(
         json.loads((SCHEMAS / "envelope.avsc").read_text()))
-    assert len(reg.versions("eoguard.Envelope")) == 2
+    assert len(reg.versions("eoguard.Envelope")) == 3
 
 
 def test_two_current_versions_of_one_name_are_refused(tmp_path: Path) -> None:
