@@ -19,7 +19,7 @@ CODEC = EnvelopeCodec()
 
 
 def consumer_config(bootstrap: str, redis_url: str, topics: Sequence[str], *, prefix: str,
-                    scope: str = "app", group: str | None = None,
+                    scope: str = "app", group: str | None = None, shards: int | None = None,
                     kafka: dict[str, Any] | None = None, **overrides: Any) -> ConsumerConfig:
     conf = {"bootstrap.servers": bootstrap, "group.id": group or f"g-{uuid.uuid4().hex[:8]}",
             "session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
@@ -27,7 +27,9 @@ def consumer_config(bootstrap: str, redis_url: str, topics: Sequence[str], *, pr
     values: dict[str, Any] = {"poll_timeout_s": 0.2, "retry_backoff_s": 0.05,
                               "retry_backoff_max_s": 0.5, **overrides}
     return ConsumerConfig(kafka=conf, redis=RedisConfig(url=redis_url), scope=scope,
-                          topics=tuple(topics), keyspace=KeySpace(prefix=prefix), **values)
+                          topics=tuple(topics),
+                          keyspace=KeySpace(prefix=prefix, **({"shards": shards} if shards else {})),
+                          **values)
 
 
 def recorder() -> tuple[list[str], Callable[[HandlerContext], None]]:

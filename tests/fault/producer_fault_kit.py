@@ -27,13 +27,14 @@ class ProducerWorker:
     """``producer_worker.py`` in a subprocess; ``guaranteed()`` reads the ids it reported."""
 
     def __init__(self, tmp: Path, *, bootstrap: str, redis_url: str, prefix: str, topic: str,
-                 mode: str, rate: float = 0.0, delay_ms: int = 0) -> None:
+                 mode: str, rate: float = 0.0, delay_ms: int = 0,
+                 extra: list[str] | None = None) -> None:
         self.report = tmp / f"guaranteed-{uuid.uuid4().hex[:6]}.txt"
         self.log = (tmp / "producer_worker.log").open("a")
         self.proc = subprocess.Popen(
             [sys.executable, str(WORKER), "--bootstrap", bootstrap, "--redis", redis_url,
              "--prefix", prefix, "--topic", topic, "--mode", mode, "--report", str(self.report),
-             "--rate", str(rate), "--delay-ms", str(delay_ms)],
+             "--rate", str(rate), "--delay-ms", str(delay_ms), *(extra or [])],
             stdout=self.log, stderr=self.log, cwd=ROOT)
 
     def guaranteed(self) -> list[str]:

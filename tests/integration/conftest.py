@@ -33,10 +33,11 @@ def make(made, kafka_bootstrap: str, redis_url: str, key_prefix: str, new_topic
               **kw: Any) -> GuardedConsumer:
         batch_handler = kw.pop("batch_handler", None)
         client = kw.pop("redis", None)
+        registry = kw.pop("registry", None)
         kw.setdefault("dead_letter_topic", new_topic(1, prefix="dlq"))
         config = consumer_config(kafka_bootstrap, redis_url, topics, prefix=key_prefix, **kw)
         consumer = GuardedConsumer(config, handler=handler, batch_handler=batch_handler,
-                                   redis=client)
+                                   redis=client, registry=registry)
         made.append(consumer)
         return consumer
     return build

@@ -36,8 +36,9 @@ TTL_S = 600  # keeps what the tests leave in the shared Redis short-lived
 
 def make_config(bootstrap: str, redis_url: str, prefix: str, **kw) -> ProducerConfig:
     kafka = {"bootstrap.servers": bootstrap, "linger.ms": 5, **kw.pop("kafka", {})}
-    return ProducerConfig(kafka=kafka, redis=RedisConfig(url=redis_url),
-                          keyspace=KeySpace(prefix=prefix, shards=8), default_ttl_s=TTL_S, **kw)
+    kw.setdefault("keyspace", KeySpace(prefix=prefix, shards=8))
+    return ProducerConfig(kafka=kafka, redis=RedisConfig(url=redis_url), default_ttl_s=TTL_S,
+                          **kw)
 
 
 class Recorder:

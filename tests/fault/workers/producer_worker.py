@@ -6,6 +6,10 @@ process with SIGKILL at a random point and checks that every reported id reaches
 
     python tests/fault/workers/producer_worker.py --bootstrap B --redis URL --prefix P \\
         --topic T --mode persist-first --report FILE [--rate N] [--lease-s S]
+
+With ``--orders N`` it sends orders 0..N-1 once each, under ids derived from the order
+number (``message_id_for("orders", ...)``), as an application that may send the same order
+again after its own crash; then it waits until all are guaranteed and exits.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import time
 
 from eoguard.config import ProducerConfig, RedisConfig
+from eoguard.envelope import message_id_for
 from eoguard.producer.guarded import GuardedProducer
 from eoguard.store.keys import KeySpace
 
@@ -30,6 +35,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=0.0, help="messages/s; 0 = as fast as possible")
     parser.add_argument("--lease-s", type=float, default=1.5)
     parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--orders", type=int, default=0,
+                        help="send this many orders keyed by order number, then exit")
+    parser.add_argument("--recover", action="store_true", help="recover on start")
     parser.add_argument("--delay-ms", type=int, default=0,
                         help="delayed mode: fixed delay (min = max); 0 = the adaptive default")
     args = parser.parse_args()
@@ -44,11 +52,23 @@ def main() -> None:
                "queue.buffering.max.messages": 1_000_000, "message.timeout.ms": 60_000},
         redis=RedisConfig(url=args.redis), mode=args.mode, lease_s=args.lease_s,
         keyspace=KeySpace(prefix=args.prefix, shards=args.shards), default_ttl_s=900,
-        send_timeout_s=30, recover_on_start=False,
+        send_timeout_s=30, recover_on_start=args.recover,
         **({"delay_min_ms": args.delay_ms, "delay_max_ms": args.delay_ms} if args.delay_ms else {}))
     producer = GuardedProducer(config, on_guaranteed=guaranteed)
     i = 0
     started = time.monotonic()
+    if args.orders:
+        handles = []
+        for i in range(args.orders):
+            number = f"order-{i:06d}"
+            handles.append(producer.send(args.topic, number.encode(), key=number,
+                                         message_id=message_id_for("orders", number)))
+            if args.rate and i % 10 == 0:
+                ahead = i / args.rate - (time.monotonic() - started)
+                if ahead > 0:
+                    time.sleep(ahead)
+        producer.close()
+        raise SystemExit(0 if all(h.guaranteed for h in handles) else 1)
     while True:
         producer.send(args.topic, b"payload-%08d" % i + b"." * 180, key=b"k%d" % (i % 32))
         i += 1
