@@ -54,7 +54,7 @@ def test_canonical_id(text: str, expected: str | None) -> None:
 def test_canonical_id_agrees_with_uuid_on_what_both_accept() -> None:
     for _ in range(200):
         u = uuid.uuid4()
-        for text in (str(u), str(u).upper(), u.hex, "{%s}" % u, u.urn):
+        for text in (str(u), str(u).upper(), u.hex, f"{{{u}}}", u.urn):
             assert canonical_id(text) == str(u)
 
 

@@ -65,7 +65,7 @@ def test_an_unknown_writer_version_is_named(dirs: dict[str, SchemaRegistry]) -> 
 def test_a_writer_fingerprint_of_another_schema_is_refused(dirs: dict[str, SchemaRegistry]
                                                            ) -> None:
     envelope_fp = dirs["older"].get("eoguard.Envelope").fingerprint
-    with pytest.raises(UnknownFingerprintError, match="is schema eoguard.Envelope"):
+    with pytest.raises(UnknownFingerprintError, match=r"is schema eoguard\.Envelope"):
         PayloadCodec(dirs["older"]).decode(b"", ORDER, envelope_fp)
 
 
