@@ -20,6 +20,7 @@ from typing import Any, TypeVar, cast
 import click
 import redis
 
+from eoguard.envelope import canonical_id
 from eoguard.errors import EoguardError, InvalidInputError, StoreUnavailableError
 from eoguard.redaction import redact_url
 from eoguard.store.keys import DEFAULT_SHARDS, KeySpace
@@ -71,6 +72,19 @@ def translate(exc: BaseException, redis_url: str) -> CliError:
     if isinstance(exc, redis.RedisError):
         return CliError(f"Redis at {where} failed: {_one_line(exc)}")
     return CliError(_one_line(exc))
+
+
+def message_ids(_ctx: click.Context, _param: click.Parameter, value: Any) -> Any:
+    """Click callback: ids as the store keys them (lowercase hyphenated UUIDs), any spelling."""
+    texts = value if isinstance(value, tuple) else (value,)
+    ids = []
+    for text in texts:
+        mid = canonical_id(text)
+        if mid is None:
+            raise BadInputError(f"invalid value for {_param.human_readable_name}: {text!r} is "
+                                "not a UUID")
+        ids.append(mid)
+    return tuple(ids) if isinstance(value, tuple) else ids[0]
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from eoguard.cli import render
-from eoguard.cli.context import CliContext, NotFoundError, json_option, pass_cli
+from eoguard.cli.context import CliContext, NotFoundError, json_option, message_ids, pass_cli
 from eoguard.store.dedup import BatchRecord, BatchState, DedupEntry, DedupStore, parse_position
 
 _SCOPE = click.option("--scope", "-s", required=True, help="The consumer scope (dedup namespace).")
@@ -90,7 +90,7 @@ def _table(title: str, info: dict[str, Any]) -> Any:
 
 
 @dedup.command()
-@click.argument("message_id")
+@click.argument("message_id", callback=message_ids)
 @_SCOPE
 @json_option
 @pass_cli
@@ -102,7 +102,7 @@ def check(cli: CliContext, message_id: str, scope: str) -> None:
 
 
 @dedup.command()
-@click.argument("message_id")
+@click.argument("message_id", callback=message_ids)
 @_SCOPE
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--dry-run", is_flag=True, help="Show the key that would be deleted, delete nothing.")

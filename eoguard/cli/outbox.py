@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from eoguard.cli import render
-from eoguard.cli.context import DURATION, CliContext, NotFoundError, json_option, pass_cli
+from eoguard.cli.context import DURATION, CliContext, NotFoundError, json_option, message_ids, pass_cli
 from eoguard.cli.resend import resend
 from eoguard.codec import EnvelopeCodec, PayloadCodec
 from eoguard.errors import CodecError
@@ -107,7 +107,7 @@ def _payload_json(value: Any) -> Any:
 
 
 @outbox.command()
-@click.argument("message_id")
+@click.argument("message_id", callback=message_ids)
 @json_option
 @pass_cli
 def show(cli: CliContext, message_id: str) -> None:

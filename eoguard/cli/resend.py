@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from eoguard.cli import render
-from eoguard.cli.context import CliContext, CliError, NotFoundError, json_option, pass_cli
+from eoguard.cli.context import CliContext, CliError, NotFoundError, json_option, message_ids, pass_cli
 from eoguard.store.liveness import Liveness
 from eoguard.store.outbox import Outbox, RecordState
 from eoguard.store.outbox_admin import scan_records
@@ -62,7 +62,7 @@ def _candidates(cli: CliContext, ids: tuple[str, ...], stuck: bool) -> tuple[lis
 
 
 @click.command()
-@click.argument("ids", nargs=-1, metavar="[ID]...")
+@click.argument("ids", nargs=-1, metavar="[ID]...", callback=message_ids)
 @click.option("--stuck", is_flag=True,
               help="Every pending record past its resend time or whose owner's lease lapsed.")
 @click.option("--bootstrap-servers", envvar="EOGUARD_KAFKA_BOOTSTRAP", show_envvar=True, default=None,

@@ -20,9 +20,15 @@ _CODEC = EnvelopeCodec()
 
 def envelope(payload: bytes = b"payload", *, ttl_ms: int = 600_000, message_id: str | None = None,
              payload_schema: str | None = None, attempt: int = 1) -> Envelope:
-    """An envelope created now, expiring ``ttl_ms`` later, from producer ``test-producer``."""
-    created = now_ms()
-    return Envelope(id=message_id or new_message_id(), expires_at_ms=created + ttl_ms,
+    """An envelope created now, expiring ``ttl_ms`` later, from producer ``test-producer``.
+
+    A negative ``ttl_ms`` gives one that expired ``-ttl_ms`` ago, created a second before
+    that (an expiry before the creation time would make it malformed, not expired).
+    """
+    now = now_ms()
+    expires = now + ttl_ms
+    created = now if ttl_ms >= 0 else expires - 1_000
+    return Envelope(id=message_id or new_message_id(), expires_at_ms=expires,
                     created_at_ms=created, producer="test-producer", attempt=attempt,
                     payload_schema=payload_schema, payload=payload, headers={})
 

@@ -19,7 +19,9 @@ def one_line_error(result) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("args", [["status"], ["outbox", "list"], ["dedup", "check", "x", "--scope", "s"]])
+@pytest.mark.parametrize("args", [
+    ["status"], ["outbox", "list"],
+    ["dedup", "check", "01900000-0000-7000-8000-000000000000", "--scope", "s"]])
 def test_unreachable_redis(args: list[str]) -> None:
     result = CliRunner().invoke(cli, ["--redis-url", "redis://127.0.0.1:1/0", *args])
     line = one_line_error(result)
@@ -57,3 +59,12 @@ def test_env_vars_are_read(redis_url: str, key_prefix: str, as_json) -> None:
     data = as_json(result)
     assert data["prefix"] == key_prefix
     assert data["outbox"]["records"] == 0
+
+
+@pytest.mark.parametrize("args", [["dedup", "check", "order-17", "--scope", "s"],
+                                  ["outbox", "show", ""], ["outbox", "resend", "x" * 100]])
+def test_an_id_that_is_not_a_uuid(args: list[str]) -> None:
+    result = CliRunner().invoke(cli, ["--redis-url", "redis://127.0.0.1:1/0", *args])
+    line = one_line_error(result)
+    assert result.exit_code == 2
+    assert "is not a UUID" in line

@@ -7,9 +7,12 @@ import time
 
 import pytest
 
+from eoguard.codec import EnvelopeCodec, PayloadCodec
+from eoguard.codec.schemas import SCHEMA_DIR_ENV, _default_registry
 from eoguard.config import KeepUntil
 from eoguard.store.outbox import Outbox, RecordState
-from tests.cli.conftest import outbox_record
+from tests.cli.conftest import ORDER, outbox_record
+from tests.schema_versions import schema_dir
 
 pytestmark = pytest.mark.integration
 
@@ -170,3 +173,28 @@ def test_resend_usage_and_unknown_id(run_cli, seeded) -> None:
     assert "no outbox record" in unknown.stderr
     declined = run_cli("outbox", "resend", seeded.stuck[0], input="n\n")
     assert declined.exit_code == 1
+
+
+def test_show_resolves_an_older_payload_into_the_readers_version(
+        run_cli, redis_client, seeded, as_json, tmp_path, monkeypatch) -> None:
+    rec = outbox_record("orders", n=77)  # written with the checkout's Order: "older"
+    env = EnvelopeCodec().decode(rec.value)
+    writer = PayloadCodec().writer_fingerprint(ORDER)
+    value = EnvelopeCodec().encode(dataclasses.replace(env, payload_fingerprint=writer))
+    rec = dataclasses.replace(rec, value=value)
+    Outbox(redis_client, seeded.keys).put([rec], owner="p-live", keep_until=KeepUntil.CONSUMED,
+                                          resend_after_ms=600_000)
+    monkeypatch.setenv(SCHEMA_DIR_ENV, str(schema_dir(tmp_path, "newer")))
+    _default_registry.cache_clear()
+    try:  # the id in another spelling: the CLI normalises it
+        data = as_json(run_cli("--json", "outbox", "show", "{" + rec.id.upper() + "}"))
+    finally:
+        monkeypatch.delenv(SCHEMA_DIR_ENV)
+        _default_registry.cache_clear()
+    assert data["envelope"]["payload_writer"] == writer.hex()
+    assert data["payload"]["order_id"] == "order-77"
+    assert data["payload"]["gift_wrap"] is False  # the newer reader's default
+    assert "note" not in data["payload"]
+    bad = run_cli("outbox", "show", "order-77")
+    assert bad.exit_code == 2
+    assert "is not a UUID" in bad.stderr
