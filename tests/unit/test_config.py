@@ -105,7 +105,11 @@ def test_resend_after_follows_the_message_timeout() -> None:
     {"resend_after_s": 10},  # not beyond librdkafka's 300 s message timeout
     {"kafka": {"bootstrap.servers": "b", "message.timeout.ms": "soon"}},
     {"instance_id": ""},
+    {"instance_id": "p" * 257},  # a consumer would refuse its envelopes (input_limits)
     {"redis": "redis://localhost"},
+    {"default_ttl_s": 7_200, "keyspace": KeySpace(max_ttl_ms=3_600_000)},
+    {"keyspace": "eoguard"},
+    {"input_limits": {"payload_bytes": 10}},
 ])
 def test_invalid_producer_config_is_refused_at_construction(kw) -> None:
     with pytest.raises(ConfigError):
