@@ -97,6 +97,16 @@ def _envelope(body: Column, fingerprint: Column, registry: SchemaRegistry) -> Co
     return envelope
 
 
+def _all_utf8(env: Column) -> Column:
+    """Every string of the envelope is valid UTF-8 (``from_avro`` does not check; fastavro
+    does, so a GuardedConsumer finds such a record corrupt too)."""
+    headers = F.map_entries(env.getField("headers"))
+    return (F.is_valid_utf8(env.getField("id")) & F.is_valid_utf8(env.getField("producer"))
+            & F.coalesce(F.is_valid_utf8(env.getField("payload_schema")), F.lit(True))
+            & F.forall(headers, lambda e: F.is_valid_utf8(e.getField("key"))
+                       & F.is_valid_utf8(e.getField("value"))))
+
+
 def _payload(payload: Column, writer: Column, registry: SchemaRegistry, name: str
              ) -> tuple[Column, Column]:
     """The payload struct in the current version of ``name``, and the writer version it came
@@ -156,6 +166,8 @@ def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | No
               F.concat(F.lit("unknown fingerprint "), F.lower(F.hex(fingerprint))))
         .when(env.getField("id").isNull(),
               F.lit(f"corrupt envelope: the body is not a valid {ENVELOPE_SCHEMA}"))
+        .when(~_all_utf8(env), F.lit(f"corrupt envelope: a string of the {ENVELOPE_SCHEMA} "
+                                     "is not valid UTF-8"))
         .when(F.col("_broken").isNotNull(), F.col("_broken"))  # Step 3.
     )
     payload: Column = env.getField("payload")
