@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from eoguard.codec import PayloadCodec
+from eoguard.codec import InputLimits, PayloadCodec
 from eoguard.config import KeepUntil
 from eoguard.consumer.handler import HandlerContext
 from eoguard.envelope import derived_message_id, now_ms
@@ -310,7 +310,8 @@ def test_dedup_keys_are_gone_after_expiry_plus_grace(make, new_topic, kafka_boot
     envs = [envelope(ttl_ms=6_000) for _ in range(20)]
     produce(kafka_bootstrap, topic, envs)
     seen, handler = recorder()
-    consumer = make([topic], handler, grace_s=1.0, scope="short")
+    consumer = make([topic], handler, grace_s=1.0, scope="short",
+                    input_limits=InputLimits(clock_skew_ms=1_000))
     drain([consumer], lambda: len(seen) >= 20)
     keys = KeySpace(prefix=key_prefix)
     patterns = (keys.dedup_pattern("short"), keys.dedup_batch_pattern("short"))

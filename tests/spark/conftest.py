@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from eoguard.codec import InputLimits
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -28,6 +30,7 @@ def job_options(kafka_bootstrap: str, redis_url: str, key_prefix: str, tmp_path:
             "dead_letter_path": str(tmp_path / "dead"), "redis_url": redis_url,
             "key_prefix": key_prefix, "available_now": True, "busy_wait_s": 2.0,
             "lease_s": 60.0, "grace_s": 60.0,
+            "input_limits": InputLimits(clock_skew_ms=60_000),  # within grace_s
         }
         values.update(overrides)
         return JobOptions(**values)

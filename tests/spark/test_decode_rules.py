@@ -24,7 +24,8 @@ from tests.unit.test_input_rules import ID_VECTORS
 
 pytestmark = pytest.mark.spark
 
-LIMITS = InputLimits(payload_bytes=2_000, header_count=4, header_bytes=200, producer_chars=64)
+LIMITS = InputLimits(payload_bytes=2_000, header_count=4, header_bytes=200, producer_chars=64,
+                     clock_skew_ms=60_000)  # within the test jobs' grace_s
 MAX_TTL = 3_600_000
 
 
