@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 
 from pyspark import StorageLevel
@@ -28,6 +28,7 @@ from eoguard_spark.dedup import (
     position_column,
     resolve_busy,
 )
+from eoguard_spark.lease import BatchLease
 from eoguard_spark.options import DedupMode, JobOptions
 from eoguard_spark.sink import BatchLedger, ParquetBatchSink, query_id_of, resolve_reader
 
@@ -54,6 +55,7 @@ class BatchStats:
     records_done: int = 0
     records_already_done: int = 0
     records_lapsed: int = 0
+    lease_renewals: int = 0  # renewals of the batch's records by the driver while it ran
     acked: int = 0  # senders' outbox records acknowledged
     replayed: bool = False
     duration_s: float = 0.0
@@ -86,7 +88,9 @@ class BatchProcessor:
             had landed before (a replay that lost its ledger entry and its Parquet commit),
             its DONE_HERE rows are kept and rows it did not take the first time are left out
             (``stale``, ``busy``), so it writes what the first run wrote. The classified rows
-            are cached for Steps 3-4 and counted by status.
+            are cached for Steps 3-4 and counted by status. From here to the done mark the
+            driver renews the batch's records every ``lease_s / 3``
+            (:class:`eoguard_spark.lease.BatchLease`), so a slow batch keeps its claims.
     Step 3. Dead letters (malformed, expired), then the accepted rows to the Parquet sink:
             written to a temporary directory and renamed to ``batch_id=N`` (replace, never
             append). If the Parquet sink committed ``N`` already, its rows are the batch's.
@@ -110,6 +114,7 @@ class BatchProcessor:
         self._reader: str | None = None
         self._query_id: str | None = None
         self._dedup: DedupStore | None = None
+        self._renewer: DedupStore | None = None
 
     def reader(self) -> str:
         """This query's reader in its claim positions (recorded in the checkpoint; stable)."""
@@ -145,22 +150,28 @@ class BatchProcessor:
         token = self.token(batch_id) if redis_mode else ""
         output = self.sinks()[0]
         cached: list[DataFrame] = []
+        # Redis mode: the driver renews the batch's claims until its done mark has landed.
+        lease = BatchLease(self._lease_store(), token, lease_ms=self.settings.lease_ms) \
+            if redis_mode else None
         try:
-            if self.ledger.has(batch_id):  # Step 1.
-                stats.replayed = True
-                held = output.read(batch_id) if output else self._own_rows(df)
-            else:
-                held = self._write(df, batch_id, token, stats, cached)
-                if self.foreach_batch is not None:  # Step 4.
-                    with stats.phase("hook"):
-                        self.foreach_batch(held, batch_id)
-                self.ledger.put(batch_id)
-            if redis_mode:  # Step 5.
-                with stats.phase("done"):
-                    self._mark_done(token, stats)
-                if self.options.ack_outbox:
-                    with stats.phase("ack"):
-                        self._ack(held, stats)
+            with lease or nullcontext():
+                if self.ledger.has(batch_id):  # Step 1.
+                    stats.replayed = True
+                    held = output.read(batch_id) if output else self._own_rows(df)
+                else:
+                    held = self._write(df, batch_id, token, stats, cached)
+                    if self.foreach_batch is not None:  # Step 4.
+                        with stats.phase("hook"):
+                            self.foreach_batch(held, batch_id)
+                    self.ledger.put(batch_id)
+                if redis_mode:  # Step 5.
+                    with stats.phase("done"):
+                        self._mark_done(token, stats)
+            if lease is not None:
+                stats.lease_renewals = lease.renewals
+            if redis_mode and self.options.ack_outbox:
+                with stats.phase("ack"):
+                    self._ack(held, stats)
         finally:
             for frame in cached:
                 frame.unpersist()
@@ -225,6 +236,12 @@ class BatchProcessor:
         if self._dedup is None:
             self._dedup = self.settings.store(self.settings.connect())
         return self._dedup
+
+    def _lease_store(self) -> DedupStore:
+        """The store the lease thread renews through: its own client, beside the driver's."""
+        if self._renewer is None:
+            self._renewer = self.settings.store(self.settings.connect())
+        return self._renewer
 
     def _is_done(self, token: str) -> bool:
         """Whether a done mark of the batch ``token`` landed already (on any shard)."""
