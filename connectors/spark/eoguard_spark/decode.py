@@ -24,7 +24,7 @@ from pyspark.sql.avro.functions import from_avro
 
 from eoguard.codec import ENVELOPE_SCHEMA, HEADER_SIZE, MAGIC, SchemaRegistry
 
-__all__ = ["DEAD_LETTER_COLUMNS", "OUTPUT_COLUMNS", "RowStatus", "decode"]
+__all__ = ["DEAD_LETTER_COLUMNS", "OUTPUT_COLUMNS", "RowStatus", "decode", "fence"]
 
 
 class RowStatus(str, enum.Enum):
@@ -74,7 +74,10 @@ def _required_fields(schema: dict[str, Any]) -> list[str]:
 
 
 def _envelope(body: Column, fingerprint: Column, registry: SchemaRegistry) -> Column:
-    """The envelope struct (current schema) of whichever known version wrote the body."""
+    """The envelope struct (current schema) of whichever known version wrote the body.
+
+    A ``CASE`` over the fingerprint: each row runs only its own version's ``from_avro``.
+    """
     current = registry.get(ENVELOPE_SCHEMA)
     current_json = json.dumps(current.schema)
     result: Any = F
@@ -88,6 +91,68 @@ def _envelope(body: Column, fingerprint: Column, registry: SchemaRegistry) -> Co
     return envelope
 
 
+Rule = tuple[Column, Column]
+"""A malformed-record rule: (the row breaks it, the reason); the first broken rule wins."""
+
+
+def _header_rules(value: Column, magic: Column, fingerprint: Column, env: Column,
+                  registry: SchemaRegistry) -> list[Rule]:
+    """Steps 1 and 2: the marker, the fingerprint, a body ``from_avro`` could read."""
+    known = [F.lit(bytearray(v.fingerprint)) for v in registry.versions(ENVELOPE_SCHEMA)]
+    return [
+        (value.isNull(), F.lit("bad magic: the record has no value")),
+        (F.length(value) < HEADER_SIZE,
+         F.format_string("bad magic: %d bytes, shorter than the %d-byte header",
+                         F.length(value), F.lit(HEADER_SIZE))),
+        (magic != F.lit(bytearray(MAGIC)),
+         F.concat(F.lit("bad magic: starts with "), F.lower(F.hex(magic)),
+                  F.lit(", expected c301"))),
+        (~fingerprint.isin(*known),
+         F.concat(F.lit("unknown fingerprint "), F.lower(F.hex(fingerprint)))),
+        (env.getField("id").isNull(),
+         F.lit(f"corrupt envelope: the body is not a valid {ENVELOPE_SCHEMA}")),
+    ]
+
+
+def _payload(env: Column, registry: SchemaRegistry, payload_schema: str
+             ) -> tuple[Column, list[Rule]]:
+    """Step 3: the payload decoded with ``payload_schema``, and the rules it must pass."""
+    app = registry.get(payload_schema)
+    payload = from_avro(env.getField("payload"), json.dumps(app.schema), {"mode": "PERMISSIVE"})
+    declared = env.getField("payload_schema")
+    rules: list[Rule] = [(
+        declared.isNull() | (declared != F.lit(payload_schema)),
+        F.concat(F.lit("payload schema "), F.coalesce(declared, F.lit("null (raw bytes)")),
+                 F.lit(f" is not {payload_schema}")))]
+    required = _required_fields(app.schema)
+    if required:
+        broken = F.lit(False)
+        for name in required:
+            broken = broken | F.col("_payload").getField(name).isNull()
+        rules.append((broken, F.lit(f"corrupt payload: not a valid {payload_schema}")))
+    return payload, rules
+
+
+def _first_broken(rules: list[Rule]) -> Column:
+    """The reason of the first rule a row breaks, else null."""
+    reason: Any = F
+    for broken, why in rules:
+        reason = reason.when(broken, why)
+    out: Column = reason
+    return out
+
+
+def fence(df: DataFrame) -> DataFrame:
+    """``df`` behind an optimizer fence: the same rows and columns, but a filter on them (the
+    sinks' ``status``) is not pushed below, where Spark would inline the decoding expressions
+    into the filter and run ``from_avro`` twice per row (once to filter, once to project).
+
+    Spark pushes filters through projections of deterministic expressions, whatever they
+    cost; not below a generator's output, so the rows go through ``inline(array(struct))``.
+    """
+    return df.select(F.inline(F.array(F.struct(*df.columns))))
+
+
 def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | None = None
            ) -> DataFrame:
     """Kafka source rows -> one row per record with the envelope's fields, ``status``, ``reason``.
@@ -95,52 +160,27 @@ def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | No
     ``payload`` is the application's record as a struct when ``payload_schema`` names one
     (a record written with another schema is malformed here), else the raw payload bytes.
     ``value`` (the raw record) is kept only on rows that are not ``ok``, for dead letters.
+    Each ``from_avro`` runs once per row (see :func:`fence`).
     """
     value = F.col("value")
-    magic = F.substring(value, 1, 2)
-    fingerprint = F.substring(value, 3, 8)
     body = value.substr(F.lit(HEADER_SIZE + 1), F.length(value) - HEADER_SIZE)
-    known = [F.lit(bytearray(v.fingerprint)) for v in registry.versions(ENVELOPE_SCHEMA)]
     # Steps 1 and 2. Later steps refer to the decoded struct by column, so from_avro runs once.
     rows = raw.select(
         "topic", "partition", "offset", "key", "value",
         F.col("timestamp").alias("kafka_timestamp"),
-        magic.alias("_magic"), fingerprint.alias("_fingerprint"),
-        _envelope(body, fingerprint, registry).alias("_env"),
+        F.substring(value, 1, 2).alias("_magic"), F.substring(value, 3, 8).alias("_fingerprint"),
+        _envelope(body, F.substring(value, 3, 8), registry).alias("_env"),
     )
-    env, magic, fingerprint = F.col("_env"), F.col("_magic"), F.col("_fingerprint")
-    reason = (
-        F.when(value.isNull(), F.lit("bad magic: the record has no value"))
-        .when(F.length(value) < HEADER_SIZE,
-              F.format_string("bad magic: %d bytes, shorter than the %d-byte header",
-                              F.length(value), F.lit(HEADER_SIZE)))
-        .when(magic != F.lit(bytearray(MAGIC)),
-              F.concat(F.lit("bad magic: starts with "), F.lower(F.hex(magic)),
-                       F.lit(", expected c301")))
-        .when(~fingerprint.isin(*known),
-              F.concat(F.lit("unknown fingerprint "), F.lower(F.hex(fingerprint))))
-        .when(env.getField("id").isNull(),
-              F.lit(f"corrupt envelope: the body is not a valid {ENVELOPE_SCHEMA}"))
-    )
+    env = F.col("_env")
+    rules = _header_rules(value, F.col("_magic"), F.col("_fingerprint"), env, registry)
     payload: Column = env.getField("payload")
     if payload_schema is not None:  # Step 3.
-        app = registry.get(payload_schema)
-        rows = rows.withColumn("_payload", from_avro(
-            env.getField("payload"), json.dumps(app.schema), {"mode": "PERMISSIVE"}))
+        decoded, payload_rules = _payload(env, registry, payload_schema)
+        rows = rows.withColumn("_payload", decoded)
         payload = F.col("_payload")
-        declared = env.getField("payload_schema")
-        reason = reason.when(
-            declared.isNull() | (declared != F.lit(payload_schema)),
-            F.concat(F.lit("payload schema "), F.coalesce(declared, F.lit("null (raw bytes)")),
-                     F.lit(f" is not {payload_schema}")))
-        required = _required_fields(app.schema)
-        if required:
-            broken = F.lit(False)
-            for name in required:
-                broken = broken | payload.getField(name).isNull()
-            reason = reason.when(broken, F.lit(f"corrupt payload: not a valid {payload_schema}"))
+        rules += payload_rules
     expires_at = env.getField("expires_at")
-    rows = rows.withColumn("reason", reason).withColumn(
+    rows = rows.withColumn("reason", _first_broken(rules)).withColumn(
         "status",  # Step 4.
         F.when(F.col("reason").isNotNull(), F.lit(RowStatus.MALFORMED.value))
         .when(expires_at <= F.current_timestamp(), F.lit(RowStatus.EXPIRED.value))
@@ -149,7 +189,7 @@ def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | No
     status = F.col("status")
     expired_reason = F.concat(F.lit("expired at "),
                               F.date_format(expires_at, "yyyy-MM-dd'T'HH:mm:ss.SSSXXX"))
-    return rows.select(
+    return fence(rows.select(
         env.getField("id").alias("id"),
         expires_at.alias("expires_at"),
         F.unix_millis(expires_at).alias("expires_at_ms"),
@@ -164,4 +204,4 @@ def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | No
         "status",
         F.when(status == RowStatus.EXPIRED.value, expired_reason)
         .otherwise(F.col("reason")).alias("reason"),
-    )
+    ))
