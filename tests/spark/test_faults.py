@@ -8,6 +8,7 @@ import json
 import os
 import queue
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -147,6 +148,38 @@ def test_driver_killed_mid_batch_restarts_from_checkpoint_exactly_once(
     run = Driver(options, log, EOG_PAUSE="")
     run.finish()
     check_output(spark, options, good, expired, malformed, "after 3 SIGKILLs")
+
+
+def test_replay_after_the_done_marks_rewrites_the_same_rows(
+        spark, new_topic, kafka_bootstrap, job_options: Callable[..., JobOptions],
+        tmp_path: Path) -> None:
+    """Killed after batch 1's done marks, before Spark's commit; then the batch's ledger entry
+    and Parquet commit are lost too (an object store's non-atomic rename, say), so the replay
+    claims again: its rows are DONE_HERE and are written again, the same rows."""
+    topic = new_topic(4)
+    good, expired, malformed = workload(kafka_bootstrap, topic)
+    options = job_options([topic], max_offsets_per_trigger=50, busy_wait_s=1.0, lease_s=120.0)
+    assert options.output_path is not None
+    log = tmp_path / "driver.log"
+    run = Driver(options, log, EOG_PAUSE="done:1:120")
+    run.wait_for("PAUSE done 1")
+    run.kill()
+    batch_dir = Path(options.output_path) / "batch_id=1"
+    first = Counter(r["id"] for r in spark.read.parquet(str(batch_dir)).collect())
+    assert first, "batch 1 wrote rows"
+    shutil.rmtree(batch_dir)
+    (Path(options.checkpoint) / "eoguard" / "sunk" / "1").unlink()
+
+    run = Driver(options, log, EOG_PAUSE="")
+    run.finish()
+    [replay] = [s for s in run.stats if s["batch_id"] == 1]
+    again = Counter(r["id"] for r in spark.read.parquet(str(batch_dir)).collect())
+    print(f"replay of a done batch: first run wrote {sum(first.values())} rows, the replay "
+          f"{sum(again.values())}; replay statuses {replay['rows']}")
+    assert not replay["replayed"], "the replay claimed again (no ledger, no Parquet commit)"
+    assert replay["rows"].get("done_here") == sum(first.values())
+    assert again == first, "the replay wrote the same rows"
+    check_output(spark, options, good, expired, malformed, "after a replay of a done batch")
 
 
 def test_failed_task_attempts_are_retried_with_the_same_result(

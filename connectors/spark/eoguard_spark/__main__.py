@@ -63,7 +63,8 @@ def parser() -> argparse.ArgumentParser:
     add("--no-ack-outbox", dest="ack_outbox", action="store_false",
         help="do not acknowledge the senders' outbox records when marking done")
     add("--idempotent-sink", action="store_true",
-        help="allow spark.speculation=true: the sink tolerates two attempts of a task")
+        help="with spark.speculation=true, confirm a foreach_batch hook tolerates two attempts "
+             "of a task (the job's own Parquet sink needs no confirmation)")
     add("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
         help="extra Kafka source option (e.g. kafka.security.protocol=SSL); repeatable")
     add("--query-name", help="name of the streaming query")
