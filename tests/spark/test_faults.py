@@ -203,9 +203,12 @@ def test_failed_task_attempts_are_retried_with_the_same_result(
     check_output(spark, options, good, expired, malformed, "after failed task attempts")
 
 
-def test_speculation_is_refused_unless_the_sink_is_idempotent(
+def test_speculation_runs_the_parquet_sink_and_refuses_a_hook_unless_idempotent(
         spark, new_topic, kafka_bootstrap, job_options: Callable[..., JobOptions],
         tmp_path: Path) -> None:
+    """Speculative attempts claim under the batch's token at the same positions, and Spark
+    commits one attempt's Parquet files: the job alone runs. A foreach_batch hook (the test
+    driver always has one) is refused unless confirmed idempotent."""
     topic = new_topic(1)
     produce(kafka_bootstrap, topic, [envelope(b"s%d" % i) for i in range(3)])
     options = job_options([topic])
@@ -215,17 +218,21 @@ def test_speculation_is_refused_unless_the_sink_is_idempotent(
             "--output", options.output_path, "--redis-url", options.redis_url,
             "--key-prefix", options.key_prefix, "--available-now", "--master", "local[2]"]
     env = {**os.environ, "PYSPARK_SUBMIT_ARGS": "--conf spark.speculation=true pyspark-shell"}
-
-    refused = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True,
+    allowed = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True,
                              timeout=300, check=False)
-    assert refused.returncode == 2, refused.stderr[-2000:]
-    assert "spark.speculation=true" in refused.stderr
-    assert "--idempotent-sink" in refused.stderr
-
-    allowed = subprocess.run([*args, "--idempotent-sink"], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=300, check=False)
     assert allowed.returncode == 0, allowed.stderr[-2000:]
     batches = [json.loads(line)["batch"] for line in allowed.stdout.splitlines()
                if line.startswith('{"batch"')]
     assert sum(b["rows"].get("new", 0) for b in batches) == 3
     assert spark.read.parquet(options.output_path).count() == 3
+
+    hooked = job_options([topic], output_path=str(tmp_path / "out2"))
+    raw = {name: getattr(hooked, name) for name in hooked.__dataclass_fields__}
+    raw["dedup"] = hooked.dedup.value
+    speculation = {**os.environ, "EOG_CONF": json.dumps({"spark.speculation": "true"})}
+    refused = subprocess.run([sys.executable, str(DRIVER), json.dumps(raw)], cwd=ROOT,
+                             env=speculation, capture_output=True, text=True, timeout=300,
+                             check=False)
+    assert refused.returncode != 0
+    assert "spark.speculation=true" in refused.stderr
+    assert "idempotent_sink" in refused.stderr
