@@ -156,7 +156,7 @@ def main(argv: Sequence[str] = ()) -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--per-batch", type=int, default=50_000, help="maxOffsetsPerTrigger")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved runs of each mode")
-    parser.add_argument("--claim-batch-size", type=int, default=500, help="ids per round trip")
+    parser.add_argument("--claim-batch-size", type=int, default=2000, help="ids per round trip")
     parser.add_argument("--no-ack-outbox", dest="ack_outbox", action="store_false",
                         help="skip the outbox acknowledgement in the done pass")
     parser.add_argument("--bootstrap", help="Kafka to use (default: the local stack's)")
