@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -79,3 +80,43 @@ def committed_total(bootstrap: str, group: str, topic: str, partitions: int) -> 
         return sum(max(tp.offset, 0) for tp in committed), sum(ends)
     finally:
         consumer.close()
+
+
+class ConsumerThread:
+    """A GuardedConsumer polling on a daemon thread (after ``after`` is set, if given) until
+    :meth:`stop`, which returns its stats and raises what the thread met."""
+
+    def __init__(self, config: ConsumerConfig, handler: Callable[[HandlerContext], None], *,
+                 after: threading.Event | None = None) -> None:
+        self.config = config
+        self.handler = handler
+        self.after = after
+        self._stop = threading.Event()
+        self._stats: list[Any] = []
+        self._failure: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while self.after is not None and not self.after.wait(0.1):
+                if self._stop.is_set():
+                    return
+            with GuardedConsumer(self.config, handler=self.handler) as consumer:
+                while not self._stop.is_set():
+                    consumer.poll_once()
+                self._stats.append(consumer.stats())
+        except BaseException as exc:  # raised by stop(), on the test's thread
+            self._failure.append(exc)
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self._failure[0] if self._failure else None
+
+    def stop(self) -> Any:
+        """Stop polling; the consumer's stats (None if it never started)."""
+        self._stop.set()
+        self._thread.join(60)
+        if self._failure:
+            raise self._failure[0]
+        return self._stats[0] if self._stats else None

@@ -125,6 +125,13 @@ class DedupStore:
                          for claim in claims})
         return [(shard, self._record_prefixes[shard] + token) for shard in shards]
 
+    def batch_keys(self, token: str, shards: Sequence[int] | None = None) -> list[RecordKey]:
+        """The batch records of the pass ``token`` on ``shards`` (default: every shard), for
+        :meth:`renew` when the claims are not at hand (a Spark micro-batch's driver)."""
+        _check_token(token)
+        wanted = range(self.keys.shards) if shards is None else sorted(set(shards))
+        return [(shard, self._record_prefixes[shard] + token) for shard in wanted]
+
     # Claim -----------------------------------------------------------------
     def claim(self, token: str, claims: Sequence[Claim]) -> list[ClaimOutcome]:
         """Claim a batch under ``token``: one script call (per hash slot on a cluster)."""
@@ -289,9 +296,7 @@ class DedupStore:
                       ) -> list[BatchRecord | None]:
         """The batch records of the pass ``token`` on ``shards`` (default: every shard), in
         shard order, None where there is none: one round trip."""
-        _check_token(token)
-        wanted = range(self.keys.shards) if shards is None else sorted(set(shards))
-        names = [self._record_prefixes[shard] + token for shard in wanted]
+        names = [name for _, name in self.batch_keys(token, shards)]
         self.round_trips += 1
         records = read_records(self._scripts, self.client, names)
         return [records[name] for name in names]

@@ -9,6 +9,7 @@ import json
 import os
 import queue
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -151,6 +152,38 @@ def test_driver_killed_mid_batch_restarts_from_checkpoint_exactly_once(
     check_output(spark, options, good, expired, malformed, "after 3 SIGKILLs")
 
 
+def test_replay_after_the_done_marks_rewrites_the_same_rows(
+        spark, new_topic, kafka_bootstrap, job_options: Callable[..., JobOptions],
+        tmp_path: Path) -> None:
+    """Killed after batch 1's done marks, before Spark's commit; then the batch's ledger entry
+    and Parquet commit are lost too (an object store's non-atomic rename, say), so the replay
+    claims again: its rows are DONE_HERE and are written again, the same rows."""
+    topic = new_topic(4)
+    good, expired, malformed = workload(kafka_bootstrap, topic)
+    options = job_options([topic], max_offsets_per_trigger=50, busy_wait_s=1.0, lease_s=120.0)
+    assert options.output_path is not None
+    log = tmp_path / "driver.log"
+    run = Driver(options, log, EOG_PAUSE="done:1:120")
+    run.wait_for("PAUSE done 1")
+    run.kill()
+    batch_dir = Path(options.output_path) / "batch_id=1"
+    first = Counter(r["id"] for r in spark.read.parquet(str(batch_dir)).collect())
+    assert first, "batch 1 wrote rows"
+    shutil.rmtree(batch_dir)
+    (Path(options.checkpoint) / "eoguard" / "sunk" / "1").unlink()
+
+    run = Driver(options, log, EOG_PAUSE="")
+    run.finish()
+    [replay] = [s for s in run.stats if s["batch_id"] == 1]
+    again = Counter(r["id"] for r in spark.read.parquet(str(batch_dir)).collect())
+    print(f"replay of a done batch: first run wrote {sum(first.values())} rows, the replay "
+          f"{sum(again.values())}; replay statuses {replay['rows']}")
+    assert not replay["replayed"], "the replay claimed again (no ledger, no Parquet commit)"
+    assert replay["rows"].get("done_here") == sum(first.values())
+    assert again == first, "the replay wrote the same rows"
+    check_output(spark, options, good, expired, malformed, "after a replay of a done batch")
+
+
 def test_failed_task_attempts_are_retried_with_the_same_result(
         spark, new_topic, kafka_bootstrap, job_options: Callable[..., JobOptions],
         tmp_path: Path) -> None:
@@ -172,9 +205,12 @@ def test_failed_task_attempts_are_retried_with_the_same_result(
     check_output(spark, options, good, expired, malformed, "after failed task attempts")
 
 
-def test_speculation_is_refused_unless_the_sink_is_idempotent(
+def test_speculation_runs_the_parquet_sink_and_refuses_a_hook_unless_idempotent(
         spark, new_topic, kafka_bootstrap, job_options: Callable[..., JobOptions],
         tmp_path: Path) -> None:
+    """Speculative attempts claim under the batch's token at the same positions, and Spark
+    commits one attempt's Parquet files: the job alone runs. A foreach_batch hook (the test
+    driver always has one) is refused unless confirmed idempotent."""
     topic = new_topic(1)
     produce(kafka_bootstrap, topic, [envelope(b"s%d" % i) for i in range(3)])
     options = job_options([topic])
@@ -184,17 +220,21 @@ def test_speculation_is_refused_unless_the_sink_is_idempotent(
             "--output", options.output_path, "--redis-url", options.redis_url,
             "--key-prefix", options.key_prefix, "--available-now", "--master", "local[2]"]
     env = {**os.environ, "PYSPARK_SUBMIT_ARGS": "--conf spark.speculation=true pyspark-shell"}
-
-    refused = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True,
+    allowed = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True,
                              timeout=300, check=False)
-    assert refused.returncode == 2, refused.stderr[-2000:]
-    assert "spark.speculation=true" in refused.stderr
-    assert "--idempotent-sink" in refused.stderr
-
-    allowed = subprocess.run([*args, "--idempotent-sink"], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=300, check=False)
     assert allowed.returncode == 0, allowed.stderr[-2000:]
     batches = [json.loads(line)["batch"] for line in allowed.stdout.splitlines()
                if line.startswith('{"batch"')]
     assert sum(b["rows"].get("new", 0) for b in batches) == 3
     assert spark.read.parquet(options.output_path).count() == 3
+
+    hooked = job_options([topic], output_path=str(tmp_path / "out2"))
+    raw = {name: getattr(hooked, name) for name in hooked.__dataclass_fields__}
+    raw["dedup"] = hooked.dedup.value
+    speculation = {**os.environ, "EOG_CONF": json.dumps({"spark.speculation": "true"})}
+    refused = subprocess.run([sys.executable, str(DRIVER), json.dumps(raw)], cwd=ROOT,
+                             env=speculation, capture_output=True, text=True, timeout=300,
+                             check=False)
+    assert refused.returncode != 0
+    assert "spark.speculation=true" in refused.stderr
+    assert "idempotent_sink" in refused.stderr

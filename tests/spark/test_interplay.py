@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame
@@ -14,7 +13,7 @@ from pyspark.sql import DataFrame
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext
 from eoguard.stack.feed import envelope, produce
-from tests.consumer_kit import consumer_config, drain
+from tests.consumer_kit import ConsumerThread, consumer_config, drain
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -73,9 +72,6 @@ def test_job_and_guarded_consumer_reading_one_topic_at_once_handle_each_message_
     handled: list[str] = []
     consumer_holds_claims = threading.Event()
     job_batch_done = threading.Event()
-    stop = threading.Event()
-    failure: list[BaseException] = []
-    consumer_stats: list[Any] = []
 
     def handler(ctx: HandlerContext) -> None:
         if not handled:
@@ -88,40 +84,27 @@ def test_job_and_guarded_consumer_reading_one_topic_at_once_handle_each_message_
                              dead_letter_topic=new_topic(1, prefix="dlq"), batch_size=25,
                              busy_wait_s=20.0)
 
-    def consume() -> None:
-        try:
-            with GuardedConsumer(config, handler=handler) as consumer:
-                while not stop.is_set():
-                    consumer.poll_once()
-                consumer_stats.append(consumer.stats())
-        except BaseException as exc:  # reported by the test thread
-            failure.append(exc)
-
     options = job_options([topic], scope="app", max_offsets_per_trigger=100, busy_wait_s=2.0)
 
     def first_batch_written(_df: DataFrame, _batch_id: int) -> None:
         job_batch_done.set()  # the batch's claims are settled and its output committed
 
-    thread = threading.Thread(target=consume, daemon=True)
-    thread.start()
+    consumer = ConsumerThread(config, handler)
     try:
-        assert consumer_holds_claims.wait(120), f"the consumer claimed nothing: {failure}"
+        assert consumer_holds_claims.wait(120), f"the consumer claimed nothing: {consumer.failure}"
         stats = run_job(options, foreach_batch=first_batch_written)
         out = Counter(r["id"] for r in spark.read.parquet(options.output_path).collect())
         everything = Counter(e.id for e in sent)
         deadline = time.monotonic() + 120
         while Counter(handled) + out != everything and time.monotonic() < deadline \
-                and not failure:
+                and consumer.failure is None:
             time.sleep(0.2)
         time.sleep(1.0)  # a few more polls: nothing may be handled twice after that either
     finally:
-        stop.set()
-        thread.join(60)
-    assert not failure, failure
+        cstats = consumer.stop()
     rows: Counter[str] = Counter()
     for batch in stats:
         rows.update(batch.rows)
-    [cstats] = consumer_stats
     print(f"same topic at once: consumer handled={len(handled)} job wrote={sum(out.values())} "
           f"total={len(handled) + sum(out.values())} of {len(sent)}; job statuses={dict(rows)}; "
           f"consumer duplicates={cstats.duplicates} busy_waits={cstats.busy_waits} "

@@ -60,13 +60,14 @@ def parser() -> argparse.ArgumentParser:
     add("--grace-s", type=float, default=300.0, help="dedup keys live until expires_at + grace")
     add("--busy-wait-s", type=float, default=30.0,
         help="how long a claim held by another live reader is waited on before it is skipped")
-    add("--claim-batch-size", type=int, default=500, help="ids per Redis round trip")
+    add("--claim-batch-size", type=int, default=2000, help="ids per Redis round trip")
     add("--no-dead-letter-expired", dest="dead_letter_expired", action="store_false",
         help="count expired records only; do not write them to the dead letters")
     add("--no-ack-outbox", dest="ack_outbox", action="store_false",
         help="do not acknowledge the senders' outbox records when marking done")
     add("--idempotent-sink", action="store_true",
-        help="allow spark.speculation=true: the sink tolerates two attempts of a task")
+        help="with spark.speculation=true, confirm a foreach_batch hook tolerates two attempts "
+             "of a task (the job's own Parquet sink needs no confirmation)")
     add("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
         help="extra Kafka source option (e.g. kafka.security.protocol=SSL); repeatable")
     add("--query-name", help="name of the streaming query")

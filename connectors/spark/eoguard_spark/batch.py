@@ -9,11 +9,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
 from eoguard.envelope import now_ms
@@ -28,6 +28,7 @@ from eoguard_spark.dedup import (
     position_column,
     resolve_busy,
 )
+from eoguard_spark.lease import BatchLease
 from eoguard_spark.options import DedupMode, JobOptions
 from eoguard_spark.sink import BatchLedger, ParquetBatchSink, query_id_of, resolve_reader
 
@@ -54,6 +55,7 @@ class BatchStats:
     records_done: int = 0
     records_already_done: int = 0
     records_lapsed: int = 0
+    lease_renewals: int = 0  # renewals of the batch's records by the driver while it ran
     acked: int = 0  # senders' outbox records acknowledged
     replayed: bool = False
     duration_s: float = 0.0
@@ -85,11 +87,16 @@ class BatchProcessor:
             won is dropped, others are waited on and claimed again. If the batch's done mark
             had landed before (a replay that lost its ledger entry and its Parquet commit),
             its DONE_HERE rows are kept and rows it did not take the first time are left out
-            (``stale``, ``busy``), so it writes what the first run wrote. The classified rows
-            are cached for Steps 3-4 and counted by status.
-    Step 3. Dead letters (malformed, expired), then the accepted rows to the Parquet sink:
-            written to a temporary directory and renamed to ``batch_id=N`` (replace, never
-            append). If the Parquet sink committed ``N`` already, its rows are the batch's.
+            (``stale``, ``busy``), so it writes what the first run wrote. The claimed rows
+            are cached (the claim UDF must not run twice) and counted by status. From here to
+            the done mark the driver renews the batch's records every ``lease_s / 3``
+            (:class:`eoguard_spark.lease.BatchLease`), so a slow batch keeps its claims.
+    Step 3. The accepted rows to the Parquet sink: written to a temporary directory and
+            renamed to ``batch_id=N`` (replace, never append); without a cache (no dedup
+            mode, no hook) this is the one pass that decodes the batch, and counts it by
+            status as it goes. Then the dead letters (malformed, expired) the same way, if
+            there are any. If the Parquet sink committed ``N`` already, its rows are the
+            batch's (and the dead letters are written if they were not).
     Step 4. The user's ``foreach_batch(rows, N)``; then the ledger records ``N``.
     Step 5. Redis mode: mark the batch's records done from the driver, one script call (per
             shard on Redis Cluster); only now can duplicates elsewhere in the scope be dropped
@@ -110,6 +117,7 @@ class BatchProcessor:
         self._reader: str | None = None
         self._query_id: str | None = None
         self._dedup: DedupStore | None = None
+        self._renewer: DedupStore | None = None
 
     def reader(self) -> str:
         """This query's reader in its claim positions (recorded in the checkpoint; stable)."""
@@ -145,22 +153,28 @@ class BatchProcessor:
         token = self.token(batch_id) if redis_mode else ""
         output = self.sinks()[0]
         cached: list[DataFrame] = []
+        # Redis mode: the driver renews the batch's claims until its done mark has landed.
+        lease = BatchLease(self._lease_store(), token, lease_ms=self.settings.lease_ms) \
+            if redis_mode else None
         try:
-            if self.ledger.has(batch_id):  # Step 1.
-                stats.replayed = True
-                held = output.read(batch_id) if output else self._own_rows(df)
-            else:
-                held = self._write(df, batch_id, token, stats, cached)
-                if self.foreach_batch is not None:  # Step 4.
-                    with stats.phase("hook"):
-                        self.foreach_batch(held, batch_id)
-                self.ledger.put(batch_id)
-            if redis_mode:  # Step 5.
-                with stats.phase("done"):
-                    self._mark_done(token, stats)
-                if self.options.ack_outbox:
-                    with stats.phase("ack"):
-                        self._ack(held, stats)
+            with lease or nullcontext():
+                if self.ledger.has(batch_id):  # Step 1.
+                    stats.replayed = True
+                    held = output.read(batch_id) if output else self._own_rows(df)
+                else:
+                    held = self._write(df, batch_id, token, stats, cached)
+                    if self.foreach_batch is not None:  # Step 4.
+                        with stats.phase("hook"):
+                            self.foreach_batch(held, batch_id)
+                    self.ledger.put(batch_id)
+                if redis_mode:  # Step 5.
+                    with stats.phase("done"):
+                        self._mark_done(token, stats)
+            if lease is not None:
+                stats.lease_renewals = lease.renewals
+            if redis_mode and self.options.ack_outbox:
+                with stats.phase("ack"):
+                    self._ack(held, stats)
         finally:
             for frame in cached:
                 frame.unpersist()
@@ -173,25 +187,35 @@ class BatchProcessor:
                cached: list[DataFrame]) -> DataFrame:
         """Steps 2 and 3: returns the rows the sinks hold; adds cached frames to ``cached``."""
         output, dead = self.sinks()
+        to_dead = RowStatus.to_dead_letter(expired=self.options.dead_letter_expired)
+        status = F.col("status")
         if output is not None and output.committed(batch_id):
             stats.replayed = True
+            if dead is not None and not dead.committed(batch_id):  # a crash between the two
+                dead.write(df.filter(status.isin(*to_dead)).select(*DEAD_LETTER_COLUMNS),
+                           batch_id)
             return output.read(batch_id)
 
         def keep(frame: DataFrame) -> DataFrame:
-            """Cache ``frame`` (later steps read it twice or more) and count it by status."""
+            """Cache ``frame`` (later steps read it twice or more) and count it by status, in
+            one pass without a shuffle."""
             frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
             cached.append(frame)
-            for row in frame.groupBy("status").count().collect():
-                stats.rows[row["status"]] = stats.rows.get(row["status"], 0) + int(row["count"])
+            observation = Observation()
+            frame.observe(observation, *_status_counts()).write.format("noop") \
+                .mode("overwrite").save()
+            for name, count in observation.get.items():
+                if count:
+                    stats.rows[name] = stats.rows.get(name, 0) + int(count)
             return frame
 
         columns = list(OUTPUT_COLUMNS)
-        status = F.col("status")
         with stats.phase("classify"):
             if self.options.dedup is DedupMode.REDIS:  # Step 2.
                 settings = replace(self.settings, token=token, token_done=self._is_done(token))
                 first_pass = replace(settings, busy_wait_ms=0)
                 positioned = df.withColumn("position", position_column(self.reader()))
+                # The claim UDF is not deterministic: its rows are cached, never computed twice.
                 classified = keep(positioned.withColumn("status", claim_status(first_pass)))
                 # A replay of a done batch waits on nothing: what it did not take the first
                 # time it leaves out.
@@ -202,17 +226,30 @@ class BatchProcessor:
                     classified = (classified.filter(status != RowStatus.BUSY.value)
                                   .unionByName(settled))
                 columns.append("position")
-            else:
+            elif output is None or self.options.dedup is DedupMode.WATERMARK:
+                # The hook reads the rows (decode them once); or a state store update, which
+                # the dead letters' pass would run again.
                 classified = keep(df)
-        with stats.phase("sinks"):
-            to_dead = RowStatus.to_dead_letter(expired=self.options.dead_letter_expired)
-            if dead is not None and not dead.committed(batch_id):  # Step 3.
+            else:  # decoded once, by the Parquet sink's pass (which counts them too)
+                classified = df
+        with stats.phase("sinks"):  # Step 3.
+            counted = bool(cached)  # by keep()
+            observation = Observation()
+            observed = classified if counted else classified.observe(observation,
+                                                                     *_status_counts())
+            accepted = classified.filter(status.isin(*RowStatus.to_output())).select(*columns)
+            if output is not None:
+                output.write(observed.filter(status.isin(*RowStatus.to_output()))
+                             .select(*columns), batch_id)
+            if not counted:
+                stats.rows = {name: int(n) for name, n in observation.get.items() if n}
+            # Most batches have no dead letters: then no pass looks for them.
+            if dead is not None and any(stats.rows.get(s) for s in to_dead) \
+                    and not dead.committed(batch_id):
                 dead.write(classified.filter(status.isin(*to_dead))
                            .select(*DEAD_LETTER_COLUMNS), batch_id)
-            accepted = classified.filter(status.isin(*RowStatus.to_output()))
-            accepted = accepted.select(*columns)
-            if output is not None:
-                output.write(accepted, batch_id)
+        if output is not None and not cached and self.foreach_batch is not None:
+            return output.read(batch_id)  # the hook reads the Parquet files: no second decode
         return accepted
 
     def _own_rows(self, df: DataFrame) -> DataFrame:
@@ -225,6 +262,12 @@ class BatchProcessor:
         if self._dedup is None:
             self._dedup = self.settings.store(self.settings.connect())
         return self._dedup
+
+    def _lease_store(self) -> DedupStore:
+        """The store the lease thread renews through: its own client, beside the driver's."""
+        if self._renewer is None:
+            self._renewer = self.settings.store(self.settings.connect())
+        return self._renewer
 
     def _is_done(self, token: str) -> bool:
         """Whether a done mark of the batch ``token`` landed already (on any shard)."""
@@ -261,3 +304,9 @@ class BatchProcessor:
         # One row of counts per partition comes back (never the rows themselves).
         for part in rows.mapInArrow(ack_partitions(self.settings), ACK_COUNTS_SCHEMA).collect():
             stats.acked += int(part["acked"])
+
+
+def _status_counts() -> list[Column]:
+    """Aggregates for ``DataFrame.observe``: the rows of each :class:`RowStatus`."""
+    status = F.col("status")
+    return [F.count(F.when(status == s.value, True)).alias(s.value) for s in RowStatus]

@@ -10,12 +10,13 @@ it, then the Avro body (docs/design.md §3). Per row:
           Times are read as epoch-ms longs (logical types dropped): an absurd expiry is a
           number the input rules refuse, not a timestamp that overflows.
   Step 3. The input rules (:mod:`eoguard_spark.rules`, as a GuardedConsumer applies them):
-          the id normalised to canonical UUID text, expiry and size bounds.
+          strings valid UTF-8, the id normalised to canonical UUID text, expiry and size bounds.
   Step 4. Optionally decode the payload into the application's current schema: one
           ``from_avro`` per writer version (named by the envelope's ``payload_fingerprint``),
           each resolved to the current version, so the output schema stays the reader's.
-  Step 5. Classify: ``malformed`` (with the reason), ``expired`` (``expires_at`` has passed at
-          the micro-batch's timestamp, the same on a replay), else ``ok``.
+  Step 5. Classify: ``malformed`` (the first rule broken, with its reason), ``expired``
+          (``expires_at`` has passed at the micro-batch's timestamp, the same on a replay),
+          else ``ok``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from eoguard.codec import ENVELOPE_SCHEMA, HEADER_SIZE, MAGIC, InputLimits, Sche
 from eoguard.store.keys import DEFAULT_MAX_TTL_MS
 from eoguard_spark.rules import broken_rule, canonical_id
 
-__all__ = ["DEAD_LETTER_COLUMNS", "OUTPUT_COLUMNS", "RowStatus", "decode"]
+__all__ = ["DEAD_LETTER_COLUMNS", "OUTPUT_COLUMNS", "RowStatus", "decode", "fence"]
 
 
 class RowStatus(str, enum.Enum):
@@ -83,7 +84,10 @@ def _required_fields(schema: dict[str, Any]) -> list[str]:
 
 def _envelope(body: Column, fingerprint: Column, registry: SchemaRegistry) -> Column:
     """The envelope struct (current schema, times as epoch-ms longs) of whichever known
-    version wrote the body."""
+    version wrote the body.
+
+    A ``CASE`` over the fingerprint: each row runs only its own version's ``from_avro``.
+    """
     current = registry.get(ENVELOPE_SCHEMA)
     current_json = json.dumps(current.without_logical_types())
     result: Any = F
@@ -97,6 +101,31 @@ def _envelope(body: Column, fingerprint: Column, registry: SchemaRegistry) -> Co
     return envelope
 
 
+Rule = tuple[Column, Column]
+"""A malformed-record rule: (the row breaks it, the reason); the first broken rule wins."""
+
+
+def _header_rules(value: Column, magic: Column, fingerprint: Column, env: Column,
+                  registry: SchemaRegistry) -> list[Rule]:
+    """Steps 1 and 2: the marker, the fingerprint, a body ``from_avro`` could read."""
+    known = [F.lit(bytearray(v.fingerprint)) for v in registry.versions(ENVELOPE_SCHEMA)]
+    return [
+        (value.isNull(), F.lit("bad magic: the record has no value")),
+        (F.length(value) < HEADER_SIZE,
+         F.format_string("bad magic: %d bytes, shorter than the %d-byte header",
+                         F.length(value), F.lit(HEADER_SIZE))),
+        (magic != F.lit(bytearray(MAGIC)),
+         F.concat(F.lit("bad magic: starts with "), F.lower(F.hex(magic)),
+                  F.lit(", expected c301"))),
+        (~fingerprint.isin(*known),
+         F.concat(F.lit("unknown fingerprint "), F.lower(F.hex(fingerprint)))),
+        (env.getField("id").isNull(),
+         F.lit(f"corrupt envelope: the body is not a valid {ENVELOPE_SCHEMA}")),
+        (~_all_utf8(env),
+         F.lit(f"corrupt envelope: a string of the {ENVELOPE_SCHEMA} is not valid UTF-8")),
+    ]
+
+
 def _all_utf8(env: Column) -> Column:
     """Every string of the envelope is valid UTF-8 (``from_avro`` does not check; fastavro
     does, so a GuardedConsumer finds such a record corrupt too)."""
@@ -107,24 +136,64 @@ def _all_utf8(env: Column) -> Column:
                        & F.is_valid_utf8(e.getField("value"))))
 
 
-def _payload(payload: Column, writer: Column, registry: SchemaRegistry, name: str
-             ) -> tuple[Column, Column]:
-    """The payload struct in the current version of ``name``, and the writer version it came
-    from: its fingerprint, or null when the writer is not loaded (an unknown version)."""
-    current = registry.get(name)
-    current_json = json.dumps(current.schema)
-    parsed: Any = F.when(writer.isNull() | (writer == F.lit(bytearray(current.fingerprint))),
-                         from_avro(payload, current_json, {"mode": "PERMISSIVE"}))
-    known = F.lit(True)
-    for version in registry.versions(name):
-        if version.fingerprint == current.fingerprint:
-            continue
-        is_it = writer == F.lit(bytearray(version.fingerprint))
-        parsed = parsed.when(is_it, from_avro(payload, json.dumps(version.schema),
-                                              {"mode": "PERMISSIVE", "avroSchema": current_json}))
-        known = known & ~is_it
-    unknown = writer.isNotNull() & (writer != F.lit(bytearray(current.fingerprint))) & known
-    return parsed, unknown
+def _payload(env: Column, registry: SchemaRegistry, payload_schema: str
+             ) -> tuple[Column, list[Rule]]:
+    """Step 4: the payload decoded into the current version of ``payload_schema``, and the
+    rules it must pass.
+
+    A ``CASE`` over the writer fingerprint, as for the envelope: a payload of the current
+    version (or with no fingerprint: envelopes before version 3) is read as it is; one of an
+    older or newer version is read with that version and resolved into the current one.
+    """
+    app = registry.get(payload_schema)
+    app_json = json.dumps(app.schema)
+    body, writer = env.getField("payload"), env.getField("payload_fingerprint")
+    current = writer.isNull() | (writer == F.lit(bytearray(app.fingerprint)))
+    decoded: Any = F.when(current, from_avro(body, app_json, {"mode": "PERMISSIVE"}))
+    known = current
+    for version in registry.versions(payload_schema):
+        if version.fingerprint != app.fingerprint:
+            this = writer == F.lit(bytearray(version.fingerprint))
+            decoded = decoded.when(this, from_avro(body, json.dumps(version.schema),
+                                                   {"mode": "PERMISSIVE", "avroSchema": app_json}))
+            known = known | this
+    payload: Column = decoded
+    declared = env.getField("payload_schema")
+    rules: list[Rule] = [
+        (declared.isNull() | (declared != F.lit(payload_schema)),
+         F.concat(F.lit("payload schema "), F.coalesce(declared, F.lit("null (raw bytes)")),
+                  F.lit(f" is not {payload_schema}"))),
+        (~known, F.concat(F.lit("payload writer schema "), F.lower(F.hex(writer)),
+                          F.lit(f" ({payload_schema}) is not loaded: add that version to "
+                                "the schemas' history/"))),
+    ]
+    required = _required_fields(app.schema)
+    if required:
+        broken = F.lit(False)
+        for name in required:
+            broken = broken | F.col("_payload").getField(name).isNull()
+        rules.append((broken, F.lit(f"corrupt payload: not a valid {payload_schema}")))
+    return payload, rules
+
+
+def _first_broken(rules: list[Rule]) -> Column:
+    """The reason of the first rule a row breaks, else null."""
+    reason: Any = F
+    for broken, why in rules:
+        reason = reason.when(broken, why)
+    out: Column = reason
+    return out
+
+
+def fence(df: DataFrame) -> DataFrame:
+    """``df`` behind an optimizer fence: the same rows and columns, but a filter on them (the
+    sinks' ``status``) is not pushed below, where Spark would inline the decoding expressions
+    into the filter and run ``from_avro`` twice per row (once to filter, once to project).
+
+    Spark pushes filters through projections of deterministic expressions, whatever they
+    cost; not below a generator's output, so the rows go through ``inline(array(struct))``.
+    """
+    return df.select(F.inline(F.array(F.struct(*df.columns))))
 
 
 def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | None = None,
@@ -136,74 +205,43 @@ def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | No
     (a record written with another schema is malformed here), else the raw payload bytes.
     ``value`` (the raw record) is kept only on rows that are not ``ok``, for dead letters.
     ``max_ttl_ms`` (the key prefix's) and ``limits`` bound what a record may claim (Step 3).
+    Each ``from_avro`` runs once per row (see :func:`fence`).
     """
     limits = InputLimits() if limits is None else limits
     value = F.col("value")
-    magic = F.substring(value, 1, 2)
-    fingerprint = F.substring(value, 3, 8)
     body = value.substr(F.lit(HEADER_SIZE + 1), F.length(value) - HEADER_SIZE)
-    known = [F.lit(bytearray(v.fingerprint)) for v in registry.versions(ENVELOPE_SCHEMA)]
     # Steps 1 and 2. Later steps refer to the decoded struct by column, so from_avro runs once.
     rows = raw.select(
         "topic", "partition", "offset", "key", "value",
         F.col("timestamp").alias("kafka_timestamp"),
-        magic.alias("_magic"), fingerprint.alias("_fingerprint"),
-        _envelope(body, fingerprint, registry).alias("_env"),
+        F.substring(value, 1, 2).alias("_magic"), F.substring(value, 3, 8).alias("_fingerprint"),
+        _envelope(body, F.substring(value, 3, 8), registry).alias("_env"),
     )
-    env, magic, fingerprint = F.col("_env"), F.col("_magic"), F.col("_fingerprint")
+    env = F.col("_env")
+    rules = _header_rules(value, F.col("_magic"), F.col("_fingerprint"), env, registry)
     now_ms = F.unix_millis(F.current_timestamp())  # the micro-batch's: the same on a replay
-    rows = rows.withColumn("_broken", broken_rule(env, now_ms=now_ms, max_ttl_ms=max_ttl_ms,
-                                                  limits=limits))
-    reason = (
-        F.when(value.isNull(), F.lit("bad magic: the record has no value"))
-        .when(F.length(value) < HEADER_SIZE,
-              F.format_string("bad magic: %d bytes, shorter than the %d-byte header",
-                              F.length(value), F.lit(HEADER_SIZE)))
-        .when(magic != F.lit(bytearray(MAGIC)),
-              F.concat(F.lit("bad magic: starts with "), F.lower(F.hex(magic)),
-                       F.lit(", expected c301")))
-        .when(~fingerprint.isin(*known),
-              F.concat(F.lit("unknown fingerprint "), F.lower(F.hex(fingerprint))))
-        .when(env.getField("id").isNull(),
-              F.lit(f"corrupt envelope: the body is not a valid {ENVELOPE_SCHEMA}"))
-        .when(~_all_utf8(env), F.lit(f"corrupt envelope: a string of the {ENVELOPE_SCHEMA} "
-                                     "is not valid UTF-8"))
-        .when(F.col("_broken").isNotNull(), F.col("_broken"))  # Step 3.
-    )
+    rows = rows.withColumn("_broken", broken_rule(  # Step 3.
+        env, now_ms=now_ms, max_ttl_ms=max_ttl_ms, limits=limits))
+    rules.append((F.col("_broken").isNotNull(), F.col("_broken")))
     payload: Column = env.getField("payload")
     if payload_schema is not None:  # Step 4.
-        app = registry.get(payload_schema)
-        writer = env.getField("payload_fingerprint")
-        parsed, unknown = _payload(env.getField("payload"), writer, registry, payload_schema)
-        rows = rows.withColumn("_payload", parsed)
+        decoded, payload_rules = _payload(env, registry, payload_schema)
+        rows = rows.withColumn("_payload", decoded)
         payload = F.col("_payload")
-        declared = env.getField("payload_schema")
-        reason = reason.when(
-            declared.isNull() | (declared != F.lit(payload_schema)),
-            F.concat(F.lit("payload schema "), F.coalesce(declared, F.lit("null (raw bytes)")),
-                     F.lit(f" is not {payload_schema}"))).when(
-            unknown, F.concat(F.lit("payload writer schema "), F.lower(F.hex(writer)),
-                              F.lit(f" ({payload_schema}) is not loaded: add that version to "
-                                    "the schemas' history/")))
-        required = _required_fields(app.schema)
-        if required:
-            broken = F.lit(False)
-            for name in required:
-                broken = broken | payload.getField(name).isNull()
-            reason = reason.when(broken, F.lit(f"corrupt payload: not a valid {payload_schema}"))
+        rules += payload_rules
     expires_ms = env.getField("expires_at")
-    rows = rows.withColumn("reason", reason).withColumn(
+    rows = rows.withColumn("reason", _first_broken(rules)).withColumn(
         "status",  # Step 5.
         F.when(F.col("reason").isNotNull(), F.lit(RowStatus.MALFORMED.value))
         .when(expires_ms <= now_ms, F.lit(RowStatus.EXPIRED.value))
         .otherwise(F.lit(RowStatus.OK.value)),
     )
     status = F.col("status")
-    valid = status != RowStatus.MALFORMED.value  # times in range, id a UUID
+    valid = status != RowStatus.MALFORMED.value  # times in range, the id a UUID
     expires_at = F.when(valid, F.timestamp_millis(expires_ms))
     expired_reason = F.concat(F.lit("expired at "),
                               F.date_format(expires_at, "yyyy-MM-dd'T'HH:mm:ss.SSSXXX"))
-    return rows.select(
+    return fence(rows.select(
         F.when(valid, canonical_id(env.getField("id"))).otherwise(env.getField("id")).alias("id"),
         expires_at.alias("expires_at"),
         F.when(valid, expires_ms).alias("expires_at_ms"),
@@ -218,4 +256,4 @@ def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | No
         "status",
         F.when(status == RowStatus.EXPIRED.value, expired_reason)
         .otherwise(F.col("reason")).alias("reason"),
-    )
+    ))

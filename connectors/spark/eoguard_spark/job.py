@@ -34,16 +34,24 @@ log = logging.getLogger(__name__)
 Transform = Callable[[DataFrame], DataFrame]
 
 
-def _check_speculation(spark: SparkSession, options: JobOptions) -> None:
+def _check_speculation(spark: SparkSession, options: JobOptions,
+                       foreach_batch: ForeachBatch | None) -> None:
+    """Speculation is safe for the claims and the Parquet sink, not for a hook's effects.
+
+    Two live attempts of a task claim under the batch's token at the same positions, so they
+    re-own the same claims and keep the same rows; Spark commits one attempt's Parquet files.
+    A ``foreach_batch`` hook may run per-attempt effects twice: refused unless the user says
+    it is idempotent.
+    """
     conf = spark.sparkContext.getConf()
     speculation = str(conf.get("spark.speculation", "false")).strip().lower() == "true"
-    if speculation and not options.idempotent_sink:
+    if speculation and foreach_batch is not None and not options.idempotent_sink:
         raise ConfigError(
-            "spark.speculation=true runs two live attempts of a task under one micro-batch "
-            "token at the same record positions, so both pass the Redis claim and a sink "
-            "with external effects would see the rows twice. Turn "
-            "speculation off, or confirm the sink is idempotent per (batch_id, id) with "
-            "idempotent_sink=True (--idempotent-sink); the Parquet sink is.")
+            "spark.speculation=true runs two live attempts of a task: both claim under the "
+            "micro-batch's token at the same positions and keep the same rows, and the "
+            "Parquet sink commits one attempt's files, but a foreach_batch hook may see the "
+            "effects of both attempts. Turn speculation off, or confirm the hook is "
+            "idempotent per (batch_id, id) with idempotent_sink=True (--idempotent-sink).")
 
 
 def _check_reader(spark: SparkSession, options: JobOptions) -> None:
@@ -75,7 +83,7 @@ def build_query(spark: SparkSession, options: JobOptions, *,
     """
     if options.output_path is None and foreach_batch is None:
         raise ConfigError("the job needs a sink: output_path and/or a foreach_batch hook")
-    _check_speculation(spark, options)
+    _check_speculation(spark, options, foreach_batch)
     if options.dedup is DedupMode.REDIS:
         _check_layout(options)
         _check_reader(spark, options)

@@ -72,7 +72,7 @@ class JobOptions:
     lease_s: float = 300.0
     grace_s: float = 300.0
     busy_wait_s: float = 30.0
-    claim_batch_size: int = 500
+    claim_batch_size: int = 2000
     dead_letter_expired: bool = True
     ack_outbox: bool = True
     idempotent_sink: bool = False
