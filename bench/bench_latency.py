@@ -32,6 +32,7 @@ from typing import Any
 import fastavro
 from confluent_kafka import Consumer, Producer
 
+from bench import table
 from bench.bench_producer import KAFKA, PlainEncoder, baseline, make_topic
 from eoguard.codec import ENVELOPE_SCHEMA, SchemaRegistry
 from eoguard.config import ConsumerConfig, ProducerConfig, RedisConfig
@@ -179,6 +180,8 @@ def main() -> None:
             elif plain_p is not None:
                 line += f"  ({p50 - plain_p[0]:+.1f} / {p99 - plain_p[1]:+.1f} ms vs plain)"
             print(line, flush=True)
+            table.add(table.Row(suite="latency", path=f"{pipeline} @ {label} ({rate:,.0f}/s)",
+                                rates=[], e2e_ms=(p50, p99), note=f"n={len(lat)}"))
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ import fastavro
 import redis
 from confluent_kafka import Producer
 
+from bench import table
 from eoguard.codec import ENVELOPE_SCHEMA, MAGIC, SchemaRegistry
 from eoguard.config import ProducerConfig, RedisConfig
 from eoguard.producer.guarded import GuardedProducer
@@ -205,6 +206,23 @@ def describe(info: list[dict[str, float]], n: int) -> str:
     return text
 
 
+def add_row(variant: str, rates: list[float], info: list[dict[str, float]], n: int,
+            payload: int) -> None:
+    """The variant's row of ``python -m bench``'s table (medians over the rounds)."""
+    def med(key: str) -> float | None:
+        return statistics.median(i[key] for i in info) if key in info[0] else None
+
+    guaranteed = (med("p50_ms"), med("p99_ms"))
+    persisted = med("persisted")
+    table.add(table.Row(
+        suite="producer", path=variant, rates=rates,
+        baseline=None if variant == VARIANTS[1] else VARIANTS[1],
+        cpu_us=med("cpu_us"), redis_cpu_us=med("redis_us"),
+        redis_writes=None if persisted is None else persisted / n,
+        guaranteed_ms=None if guaranteed[0] is None else guaranteed,  # type: ignore[arg-type]
+        note=f"{n} x {payload} B"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=50_000)
@@ -242,6 +260,7 @@ def main() -> None:
         ratio_ff = f"{medians[v] / ff:5.2f}x" if ff else "    - "
         print(f"{v:28s} {min(rates[v]):10,.0f} {medians[v]:10,.0f}  {ratio_cb} {ratio_ff}  "
               f"{describe(infos[v], n)}")
+        add_row(v, rates[v], infos[v], n, args.payload)
     redis.Redis.from_url(redis_url).close()
 
 
