@@ -19,10 +19,13 @@ SUITES = ("producer", "consumer", "latency", "spark")
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("suites", nargs="*", choices=[*SUITES, []], metavar="SUITE",
+    parser.add_argument("suites", nargs="*", metavar="SUITE",
                         help=f"which to run (default: all of {', '.join(SUITES)})")
     parser.add_argument("--json", metavar="FILE", help="write the table to FILE as JSON")
     args = parser.parse_args(argv)
+    unknown = [s for s in args.suites if s not in SUITES]
+    if unknown:
+        parser.error(f"unknown suite(s) {unknown}; choose from {list(SUITES)}")
     for name in args.suites or SUITES:
         print(f"\n=== bench {name} ===", flush=True)
         sys.argv = [f"bench.bench_{name}"]  # each suite parses its own options: defaults here
