@@ -45,6 +45,7 @@ def _positive(name: str, value: float) -> None:
 
 
 def _check_limits(keyspace: object, limits: object) -> None:
+    """The key space and the input limits are of their types (frozen fields, no coercion)."""
     if not isinstance(keyspace, KeySpace):
         raise ConfigError("keyspace must be a KeySpace")
     if not isinstance(limits, InputLimits):
@@ -305,6 +306,11 @@ class ConsumerConfig:
         if self.dead_letter_topic is not None and not self.dead_letter_topic:
             raise ConfigError("dead_letter_topic must be non-empty when given")
         _check_limits(self.keyspace, self.input_limits)
+        if self.grace_s * 1000 < self.input_limits.clock_skew_ms:
+            raise ConfigError(
+                f"grace_s ({self.grace_s}) must cover input_limits.clock_skew_ms "
+                f"({self.input_limits.clock_skew_ms} ms): a claim key is capped at now + "
+                "max_ttl + grace, and an expiry up to now + max_ttl + skew is accepted")
         if self.instance_id is not None and not self.instance_id:
             raise ConfigError("instance_id must be non-empty when given")
 

@@ -199,8 +199,10 @@ def message_id_for(namespace: str | uuid.UUID, key: str | bytes) -> str:
     """
     ns = namespace if isinstance(namespace, uuid.UUID) else uuid.uuid5(_BUSINESS_NAMESPACE,
                                                                       namespace)
-    name = key if isinstance(key, bytes) else key.encode("utf-8")
-    digest = bytearray(hashlib.sha1(ns.bytes + name, usedforsecurity=False).digest()[:16])
+    if isinstance(key, str):
+        return str(uuid.uuid5(ns, key))
+    # uuid.uuid5 takes bytes names from Python 3.12 on: the same steps, by hand.
+    digest = bytearray(hashlib.sha1(ns.bytes + key, usedforsecurity=False).digest()[:16])
     digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
     digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 9562 variant
     return str(uuid.UUID(bytes=bytes(digest)))

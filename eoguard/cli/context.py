@@ -74,14 +74,15 @@ def translate(exc: BaseException, redis_url: str) -> CliError:
     return CliError(_one_line(exc))
 
 
-def message_ids(_ctx: click.Context, _param: click.Parameter, value: Any) -> Any:
-    """Click callback: ids as the store keys them (lowercase hyphenated UUIDs), any spelling."""
+def message_ids(_ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Click callback: ids (one, or a tuple of them) as the store keys them (lowercase
+    hyphenated UUIDs), from any UUID spelling; anything else is a one-line error."""
     texts = value if isinstance(value, tuple) else (value,)
     ids = []
     for text in texts:
         mid = canonical_id(text)
         if mid is None:
-            raise BadInputError(f"invalid value for {_param.human_readable_name}: {text!r} is "
+            raise BadInputError(f"invalid value for {param.human_readable_name}: {text!r} is "
                                 "not a UUID")
         ids.append(mid)
     return tuple(ids) if isinstance(value, tuple) else ids[0]

@@ -66,7 +66,7 @@ def _envelope_from_record(record: dict[str, Any]) -> Envelope:
     _SET_SCHEMA(env, record["payload_schema"])
     _SET_PAYLOAD(env, record["payload"])
     _SET_HEADERS(env, record["headers"])
-    _SET_PAYLOAD_FP(env, record["payload_fingerprint"])
+    _SET_PAYLOAD_FP(env, record.get("payload_fingerprint"))  # absent: a pre-3 schema dir
     return env
 
 

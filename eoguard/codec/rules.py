@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from eoguard.envelope import MAX_ID_CHARS, Envelope, canonical_id
 from eoguard.errors import ConfigError, InvalidEnvelopeError
 
-__all__ = ["InputLimits", "check_envelope"]
+__all__ = ["InputLimits", "check_envelope", "header_bytes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,14 +52,21 @@ class InputLimits:
                 raise ConfigError(f"InputLimits.{f.name} must be an integer >= 0, got {value!r}")
 
 
+def header_bytes(headers: dict[str, str]) -> int:
+    """Keys and values of ``headers`` together, in UTF-8 bytes (a lone surrogate counts as the
+    replacement it would be written as, so this never raises)."""
+    return sum(len(k.encode("utf-8", "replace")) + len(v.encode("utf-8", "replace"))
+               for k, v in headers.items())
+
+
 def check_envelope(env: Envelope, *, now_ms: int, max_ttl_ms: int,
                    limits: InputLimits) -> Envelope:
     """``env`` with its id normalised; :class:`InvalidEnvelopeError` naming the broken rule."""
     mid = canonical_id(env.id)
     if mid is None:
         shown = env.id if len(env.id) <= MAX_ID_CHARS else f"{env.id[:MAX_ID_CHARS]}..."
-        raise InvalidEnvelopeError(
-            f"id {shown!r} ({len(env.id)} characters) is not a UUID", rule="id")
+        raise InvalidEnvelopeError(  # quoted as the Spark job quotes it: the same reason
+            f"id '{shown}' ({len(env.id)} characters) is not a UUID", rule="id")
     expires_at, created_at = env.expires_at_ms, env.created_at_ms
     if expires_at < created_at:
         raise InvalidEnvelopeError(
@@ -82,7 +89,7 @@ def check_envelope(env: Envelope, *, now_ms: int, max_ttl_ms: int,
         if len(headers) > limits.header_count:
             raise InvalidEnvelopeError(
                 f"{len(headers)} headers, over {limits.header_count}", rule="size")
-        size = sum(len(k.encode()) + len(v.encode()) for k, v in headers.items())
+        size = header_bytes(headers)
         if size > limits.header_bytes:
             raise InvalidEnvelopeError(
                 f"headers are {size} bytes, over {limits.header_bytes}", rule="size")

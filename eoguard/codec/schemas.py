@@ -78,6 +78,12 @@ class RegisteredSchema:
     """fastavro-parsed schema with logical types stripped (same wire format and fingerprint)."""
     source: Path | None = None
 
+    def without_logical_types(self) -> dict[str, Any]:
+        """The schema JSON with ``logicalType`` dropped: same fingerprint and wire format,
+        plain values (Spark's ``from_avro`` then reads a timestamp-millis as a long)."""
+        plain: dict[str, Any] = _strip_logical_types(self.schema)
+        return plain
+
     @classmethod
     def from_json(cls, schema: dict[str, Any], source: Path | None = None) -> RegisteredSchema:
         """Parse ``schema``; raises :class:`ConfigError` if it is not a valid named Avro schema."""

@@ -235,11 +235,14 @@ class HandlerContext:
             self._outputs = []
         message_id = derived_message_id(self.message_id, len(self._outputs))
         created = now_ms()
+        expires = created + ttl_ms if ttl_ms is not None else self.envelope.expires_at_ms
         env = self._env
         envelope = Envelope(
             id=message_id,
-            expires_at_ms=created + ttl_ms if ttl_ms is not None else self.envelope.expires_at_ms,
-            created_at_ms=created,
+            expires_at_ms=expires,
+            # Never after its expiry (a handler that ran past its input's expiry): an expiry
+            # before the creation time would make the output malformed, not expired.
+            created_at_ms=min(created, expires),
             producer=env.producer_id,
             attempt=1,
             payload_schema=payload_schema,

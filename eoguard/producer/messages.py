@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import enum
+import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from eoguard.codec.rules import InputLimits
+from eoguard.codec.rules import InputLimits, header_bytes
 from eoguard.envelope import canonical_id
 from eoguard.errors import EoguardError, InvalidMessageError
 from eoguard.modes import PersistenceMode
@@ -46,8 +47,8 @@ def check_send_args(topic: object, value: object, key: object, *, schema: str | 
     if not isinstance(topic, str) or not topic:
         raise InvalidMessageError(f"topic must be a non-empty string, got {topic!r}")
     if ttl_s is not None and (isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float))
-                              or ttl_s <= 0):
-        raise InvalidMessageError(f"ttl_s must be a positive number, got {ttl_s!r}")
+                              or not math.isfinite(ttl_s) or ttl_s <= 0):
+        raise InvalidMessageError(f"ttl_s must be a positive finite number, got {ttl_s!r}")
     if ttl_s is not None and ttl_s * 1000 > max_ttl_ms:
         raise InvalidMessageError(f"ttl_s {ttl_s} exceeds the key prefix's max_ttl_ms "
                                   f"({max_ttl_ms}): consumers would refuse the message")
@@ -57,7 +58,7 @@ def check_send_args(topic: object, value: object, key: object, *, schema: str | 
     if headers is not None:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
             raise InvalidMessageError("headers must map str to str")
-        size = sum(len(k.encode()) + len(v.encode()) for k, v in headers.items())
+        size = header_bytes(dict(headers))
         if len(headers) > limits.header_count or size > limits.header_bytes:
             raise InvalidMessageError(
                 f"{len(headers)} headers of {size} bytes exceed input_limits "

@@ -131,17 +131,19 @@ class OutboxWriter:
             with self.queue.lock:
                 self.queue.marks_done_locked(len(first.marks) + len(first.resent))
         if first.batch:
-            self._settle_written(first.batch, set(result.expired), set(result.existing))
+            self._settle_written(first.batch, set(result.expired),
+                                 {id(m) for m in result.existing_entries})
         return True
 
     def _settle_written(self, batch: list[PendingMessage], expired: set[str],
-                        existing: set[str]) -> None:
+                        existing: set[int]) -> None:
         """Steps 2 and 3 of :meth:`finish`.
 
-        A message whose record was there already, and not from an earlier attempt of this
-        very write, is a send of a caller's id seen before (a repeat after the application's
-        crash): guaranteed by the record found, and persist-first does not publish it again
-        (that record's owner, or recovery, does).
+        ``existing`` holds the messages (by identity) whose record was there already. Unless
+        it is from an earlier attempt of this very write, such a message is a send of a
+        caller's id seen before (a repeat after the application's crash, or an earlier send
+        of this batch): guaranteed by the record found, and persist-first does not publish it
+        again (that record's owner, or recovery, does).
         """
         q, c = self.queue, self.counters
         settled: list[Settled] = []
@@ -161,8 +163,9 @@ class OutboxWriter:
                     if m.on_guaranteed is not None:
                         settled.append((m, None))
                 # Step 3.
-                if existing and m.id in existing and not m.rewritten:
+                if existing and id(m) in existing and not m.rewritten:
                     c.already_in_outbox += 1
+                    c.persisted -= 1  # counted below with the batch: not written by us
                     if not self.delayed:  # not published twice; delayed sent it already
                         q.release_locked(m)
                         continue
@@ -172,7 +175,7 @@ class OutboxWriter:
                         q.add_marks_locked([m.id])
                 else:
                     q.to_produce.append(m)
-            c.persisted += len(batch) - len(expired) - len(existing)
+            c.persisted += len(batch) - len(expired)
             if self.delayed or expired or existing:
                 q.space.notify_all()
         self.dispatcher.submit(settled, wake=True)

@@ -149,16 +149,7 @@ class Outbox:
             calls.append(ScriptCall("outbox_write", keys, args))
             ordered.append(in_call)
         replies = self.scripts.run(calls, doing="writing the outbox")
-        existing: list[str] = []
-        expired: list[str] = []
-        refused: set[str] = set()
-        for in_call, reply in zip(ordered, replies, strict=True):
-            for i in range(5, len(reply), 2):
-                message_id = in_call[int(reply[i]) - 1].id
-                (existing if int(reply[i + 1]) == 0 else expired).append(message_id)
-                refused.add(message_id)
-        stored = [r.id for r in records if r.id not in refused]
-        return (PutResult(stored=stored, existing=existing, expired=expired),
+        return (_put_result(records, ordered, replies),
                 PublishResult(kept=sum(int(r[1]) for r in replies),
                               deleted=sum(int(r[2]) for r in replies),
                               missing=sum(int(r[3]) for r in replies)))
@@ -291,3 +282,23 @@ class Outbox:
             pipe.execute_command("PEXPIRETIME", self.keys.outbox_record(message_id))
         replies = self.scripts.execute(pipe, doing="reading outbox expiry times")
         return {m: int(r) for m, r in zip(message_ids, replies, strict=True)}
+
+
+def _put_result(records: Sequence[OutboxEntry], ordered: list[list[OutboxEntry]],
+                replies: list[Any]) -> PutResult:
+    """What ``outbox_write`` stored, found present and found expired, from its replies (each
+    lists the entries it did not store by their position in its call)."""
+    existing: list[OutboxEntry] = []
+    expired: list[str] = []
+    refused: set[int] = set()  # by identity: two entries of one id may differ in fate
+    for in_call, reply in zip(ordered, replies, strict=True):
+        for i in range(5, len(reply), 2):
+            entry = in_call[int(reply[i]) - 1]
+            refused.add(id(entry))
+            if int(reply[i + 1]) == 0:
+                existing.append(entry)
+            else:
+                expired.append(entry.id)
+    return PutResult(stored=[r.id for r in records if id(r) not in refused],
+                     existing=[e.id for e in existing], expired=expired,
+                     existing_entries=existing)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from eoguard.modes import KeepUntil
@@ -175,11 +175,14 @@ class ClaimedRecord:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PutResult:
-    """Ids stored, already present (left untouched) and already expired (not stored)."""
+    """Ids stored, already present (left untouched) and already expired (not stored);
+    ``existing_entries`` are the very entries found present (two entries of one id in one
+    write: the first is stored, the second found)."""
 
     stored: list[str]
     existing: list[str]
     expired: list[str]
+    existing_entries: list[OutboxEntry] = field(default_factory=list, repr=False)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

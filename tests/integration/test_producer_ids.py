@@ -35,6 +35,20 @@ def test_a_repeated_id_is_guaranteed_twice_and_published_once(kafka_bootstrap, r
     assert {env.payload for _, env in records} == {b"v1"}
 
 
+def test_the_same_id_twice_in_one_batch_is_published_once(kafka_bootstrap, redis_url,
+                                                          key_prefix, new_topic) -> None:
+    topic = new_topic(1)
+    ids = [message_id_for("orders", f"batch-{i}") for i in range(50)]
+    with GuardedProducer(make_config(kafka_bootstrap, redis_url, key_prefix)) as producer:
+        handles = [producer.send(topic, b"v", message_id=i) for i in ids for _ in range(2)]
+        assert all(h.wait(30) for h in handles)
+        stats = producer.stats()
+    assert stats.already_in_outbox == len(ids)
+    assert stats.persisted == len(ids)
+    records = consume(kafka_bootstrap, topic, expect=len(ids))
+    assert sorted(env.id for _, env in records) == sorted(ids)  # each once, none lost
+
+
 def test_send_refuses_what_a_consumer_would_refuse(kafka_bootstrap, redis_url, key_prefix,
                                                    new_topic) -> None:
     topic = new_topic(1)

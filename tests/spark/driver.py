@@ -27,6 +27,7 @@ from pyspark import TaskContext
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F  # noqa: N812
 
+from eoguard.codec import InputLimits
 from eoguard.store.dedup import DedupStore
 from eoguard_spark import BatchStats, DedupMode, JobOptions, build_query, local_session
 
@@ -79,6 +80,7 @@ def main() -> None:
     raw: dict[str, Any] = json.loads(sys.argv[1])
     raw["topics"] = tuple(raw["topics"])
     raw["dedup"] = DedupMode(raw.get("dedup", "redis"))
+    raw["input_limits"] = InputLimits(**raw.get("input_limits", {}))
     options = JobOptions(**raw)
     conf = {"spark.ui.showConsoleProgress": "false", "spark.driver.host": "127.0.0.1",
             "spark.driver.bindAddress": "127.0.0.1", **json.loads(os.environ.get("EOG_CONF", "{}"))}

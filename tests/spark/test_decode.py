@@ -36,8 +36,10 @@ def kafka_rows(spark: SparkSession, values: list[bytes | None]) -> DataFrame:
 
 
 def envelope(payload: bytes, *, ttl_ms: int = 600_000, schema: str | None = None) -> Envelope:
-    return Envelope.create(payload, ttl_ms=ttl_ms, producer="decode-test", payload_schema=schema,
-                           headers={"trace": "t-1"})
+    """Created now, or (a negative ``ttl_ms``) a second before it expired ``-ttl_ms`` ago."""
+    created = now_ms() + min(0, ttl_ms - 1_000)
+    return Envelope.create(payload, ttl_ms=max(ttl_ms, 1_000), producer="decode-test",
+                           payload_schema=schema, headers={"trace": "t-1"}, created_at_ms=created)
 
 
 def order() -> dict[str, Any]:

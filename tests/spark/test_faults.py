@@ -4,6 +4,7 @@ each unexpired message exactly once and no expired or malformed record (docs/des
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -37,6 +38,7 @@ class Driver:
     def __init__(self, options: JobOptions, log: Path, **env: str) -> None:
         raw = {name: getattr(options, name) for name in options.__dataclass_fields__}
         raw["dedup"] = options.dedup.value
+        raw["input_limits"] = dataclasses.asdict(options.input_limits)
         self.lines: queue.Queue[str] = queue.Queue()
         self.stats: list[dict[str, Any]] = []
         self._log = log.open("a")

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 from eoguard.errors import ConfigError
-from eoguard.store.keys import DEFAULT_PREFIX, DEFAULT_SHARDS
+from eoguard.store.keys import DEFAULT_MAX_TTL_MS, DEFAULT_PREFIX, DEFAULT_SHARDS
 from eoguard_spark.options import DedupMode, JobOptions
 
 
@@ -40,6 +40,9 @@ def parser() -> argparse.ArgumentParser:
     add("--redis-url", default="redis://127.0.0.1:6379/0", help="Redis holding the dedup keys")
     add("--key-prefix", default=DEFAULT_PREFIX, help="Redis key prefix (as the scope's consumers)")
     add("--key-shards", type=int, default=DEFAULT_SHARDS, help="dedup shards per scope")
+    add("--max-ttl-s", type=float, default=DEFAULT_MAX_TTL_MS / 1000,
+        help="the key prefix's max_ttl (as its layout records it); a record expiring later is "
+             "malformed")
     add("--dedup", choices=[m.value for m in DedupMode], default=DedupMode.REDIS.value,
         help="redis: the scope's claims (default); watermark: dropDuplicatesWithinWatermark; "
              "none: no dedup")
@@ -86,7 +89,8 @@ def options_from(args: argparse.Namespace) -> JobOptions:
         bootstrap=args.bootstrap, topics=tuple(args.topics), scope=args.scope,
         checkpoint=args.checkpoint, output_path=args.output_path,
         dead_letter_path=args.dead_letter_path, redis_url=args.redis_url,
-        key_prefix=args.key_prefix, key_shards=args.key_shards, dedup=DedupMode(args.dedup),
+        key_prefix=args.key_prefix, key_shards=args.key_shards,
+        max_ttl_ms=int(args.max_ttl_s * 1000), dedup=DedupMode(args.dedup),
         payload_schema=args.payload_schema, schema_dir=args.schema_dir,
         starting_offsets=args.starting_offsets,
         max_offsets_per_trigger=args.max_offsets_per_trigger,

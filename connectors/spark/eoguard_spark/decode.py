@@ -7,8 +7,14 @@ it, then the Avro body (docs/design.md §3). Per row:
   Step 2. Drop the 10-byte header and ``from_avro`` the body in PERMISSIVE mode with the
           writer's version (an older version is resolved to the current one through the
           ``avroSchema`` option), so a corrupt body becomes a dead letter, not a failed batch.
-  Step 3. Optionally decode the payload with its application schema into a struct column.
-  Step 4. Classify: ``malformed`` (with the reason), ``expired`` (``expires_at`` has passed at
+          Times are read as epoch-ms longs (logical types dropped): an absurd expiry is a
+          number the input rules refuse, not a timestamp that overflows.
+  Step 3. The input rules (:mod:`eoguard_spark.rules`, as a GuardedConsumer applies them):
+          the id normalised to canonical UUID text, expiry and size bounds.
+  Step 4. Optionally decode the payload into the application's current schema: one
+          ``from_avro`` per writer version (named by the envelope's ``payload_fingerprint``),
+          each resolved to the current version, so the output schema stays the reader's.
+  Step 5. Classify: ``malformed`` (with the reason), ``expired`` (``expires_at`` has passed at
           the micro-batch's timestamp, the same on a replay), else ``ok``.
 """
 
@@ -22,7 +28,9 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql.avro.functions import from_avro
 
-from eoguard.codec import ENVELOPE_SCHEMA, HEADER_SIZE, MAGIC, SchemaRegistry
+from eoguard.codec import ENVELOPE_SCHEMA, HEADER_SIZE, MAGIC, InputLimits, SchemaRegistry
+from eoguard.store.keys import DEFAULT_MAX_TTL_MS
+from eoguard_spark.rules import broken_rule, canonical_id
 
 __all__ = ["DEAD_LETTER_COLUMNS", "OUTPUT_COLUMNS", "RowStatus", "decode"]
 
@@ -74,28 +82,62 @@ def _required_fields(schema: dict[str, Any]) -> list[str]:
 
 
 def _envelope(body: Column, fingerprint: Column, registry: SchemaRegistry) -> Column:
-    """The envelope struct (current schema) of whichever known version wrote the body."""
+    """The envelope struct (current schema, times as epoch-ms longs) of whichever known
+    version wrote the body."""
     current = registry.get(ENVELOPE_SCHEMA)
-    current_json = json.dumps(current.schema)
+    current_json = json.dumps(current.without_logical_types())
     result: Any = F
     for version in registry.versions(ENVELOPE_SCHEMA):
         opts = {"mode": "PERMISSIVE"}
         if version.fingerprint != current.fingerprint:
             opts["avroSchema"] = current_json
-        parsed = from_avro(body, json.dumps(version.schema), opts)
+        parsed = from_avro(body, json.dumps(version.without_logical_types()), opts)
         result = result.when(fingerprint == F.lit(bytearray(version.fingerprint)), parsed)
     envelope: Column = result
     return envelope
 
 
-def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | None = None
+def _all_utf8(env: Column) -> Column:
+    """Every string of the envelope is valid UTF-8 (``from_avro`` does not check; fastavro
+    does, so a GuardedConsumer finds such a record corrupt too)."""
+    headers = F.map_entries(env.getField("headers"))
+    return (F.is_valid_utf8(env.getField("id")) & F.is_valid_utf8(env.getField("producer"))
+            & F.coalesce(F.is_valid_utf8(env.getField("payload_schema")), F.lit(True))
+            & F.forall(headers, lambda e: F.is_valid_utf8(e.getField("key"))
+                       & F.is_valid_utf8(e.getField("value"))))
+
+
+def _payload(payload: Column, writer: Column, registry: SchemaRegistry, name: str
+             ) -> tuple[Column, Column]:
+    """The payload struct in the current version of ``name``, and the writer version it came
+    from: its fingerprint, or null when the writer is not loaded (an unknown version)."""
+    current = registry.get(name)
+    current_json = json.dumps(current.schema)
+    parsed: Any = F.when(writer.isNull() | (writer == F.lit(bytearray(current.fingerprint))),
+                         from_avro(payload, current_json, {"mode": "PERMISSIVE"}))
+    known = F.lit(True)
+    for version in registry.versions(name):
+        if version.fingerprint == current.fingerprint:
+            continue
+        is_it = writer == F.lit(bytearray(version.fingerprint))
+        parsed = parsed.when(is_it, from_avro(payload, json.dumps(version.schema),
+                                              {"mode": "PERMISSIVE", "avroSchema": current_json}))
+        known = known & ~is_it
+    unknown = writer.isNotNull() & (writer != F.lit(bytearray(current.fingerprint))) & known
+    return parsed, unknown
+
+
+def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | None = None,
+           max_ttl_ms: int = DEFAULT_MAX_TTL_MS, limits: InputLimits | None = None
            ) -> DataFrame:
     """Kafka source rows -> one row per record with the envelope's fields, ``status``, ``reason``.
 
     ``payload`` is the application's record as a struct when ``payload_schema`` names one
     (a record written with another schema is malformed here), else the raw payload bytes.
     ``value`` (the raw record) is kept only on rows that are not ``ok``, for dead letters.
+    ``max_ttl_ms`` (the key prefix's) and ``limits`` bound what a record may claim (Step 3).
     """
+    limits = InputLimits() if limits is None else limits
     value = F.col("value")
     magic = F.substring(value, 1, 2)
     fingerprint = F.substring(value, 3, 8)
@@ -109,6 +151,9 @@ def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | No
         _envelope(body, fingerprint, registry).alias("_env"),
     )
     env, magic, fingerprint = F.col("_env"), F.col("_magic"), F.col("_fingerprint")
+    now_ms = F.unix_millis(F.current_timestamp())  # the micro-batch's: the same on a replay
+    rows = rows.withColumn("_broken", broken_rule(env, now_ms=now_ms, max_ttl_ms=max_ttl_ms,
+                                                  limits=limits))
     reason = (
         F.when(value.isNull(), F.lit("bad magic: the record has no value"))
         .when(F.length(value) < HEADER_SIZE,
@@ -121,39 +166,48 @@ def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | No
               F.concat(F.lit("unknown fingerprint "), F.lower(F.hex(fingerprint))))
         .when(env.getField("id").isNull(),
               F.lit(f"corrupt envelope: the body is not a valid {ENVELOPE_SCHEMA}"))
+        .when(~_all_utf8(env), F.lit(f"corrupt envelope: a string of the {ENVELOPE_SCHEMA} "
+                                     "is not valid UTF-8"))
+        .when(F.col("_broken").isNotNull(), F.col("_broken"))  # Step 3.
     )
     payload: Column = env.getField("payload")
-    if payload_schema is not None:  # Step 3.
+    if payload_schema is not None:  # Step 4.
         app = registry.get(payload_schema)
-        rows = rows.withColumn("_payload", from_avro(
-            env.getField("payload"), json.dumps(app.schema), {"mode": "PERMISSIVE"}))
+        writer = env.getField("payload_fingerprint")
+        parsed, unknown = _payload(env.getField("payload"), writer, registry, payload_schema)
+        rows = rows.withColumn("_payload", parsed)
         payload = F.col("_payload")
         declared = env.getField("payload_schema")
         reason = reason.when(
             declared.isNull() | (declared != F.lit(payload_schema)),
             F.concat(F.lit("payload schema "), F.coalesce(declared, F.lit("null (raw bytes)")),
-                     F.lit(f" is not {payload_schema}")))
+                     F.lit(f" is not {payload_schema}"))).when(
+            unknown, F.concat(F.lit("payload writer schema "), F.lower(F.hex(writer)),
+                              F.lit(f" ({payload_schema}) is not loaded: add that version to "
+                                    "the schemas' history/")))
         required = _required_fields(app.schema)
         if required:
             broken = F.lit(False)
             for name in required:
                 broken = broken | payload.getField(name).isNull()
             reason = reason.when(broken, F.lit(f"corrupt payload: not a valid {payload_schema}"))
-    expires_at = env.getField("expires_at")
+    expires_ms = env.getField("expires_at")
     rows = rows.withColumn("reason", reason).withColumn(
-        "status",  # Step 4.
+        "status",  # Step 5.
         F.when(F.col("reason").isNotNull(), F.lit(RowStatus.MALFORMED.value))
-        .when(expires_at <= F.current_timestamp(), F.lit(RowStatus.EXPIRED.value))
+        .when(expires_ms <= now_ms, F.lit(RowStatus.EXPIRED.value))
         .otherwise(F.lit(RowStatus.OK.value)),
     )
     status = F.col("status")
+    valid = status != RowStatus.MALFORMED.value  # times in range, id a UUID
+    expires_at = F.when(valid, F.timestamp_millis(expires_ms))
     expired_reason = F.concat(F.lit("expired at "),
                               F.date_format(expires_at, "yyyy-MM-dd'T'HH:mm:ss.SSSXXX"))
     return rows.select(
-        env.getField("id").alias("id"),
+        F.when(valid, canonical_id(env.getField("id"))).otherwise(env.getField("id")).alias("id"),
         expires_at.alias("expires_at"),
-        F.unix_millis(expires_at).alias("expires_at_ms"),
-        env.getField("created_at").alias("created_at"),
+        F.when(valid, expires_ms).alias("expires_at_ms"),
+        F.when(valid, F.timestamp_millis(env.getField("created_at"))).alias("created_at"),
         env.getField("producer").alias("producer"),
         env.getField("attempt").alias("attempt"),
         env.getField("payload_schema").alias("payload_schema"),

@@ -85,7 +85,8 @@ def build_query(spark: SparkSession, options: JobOptions, *,
     registry = (SchemaRegistry.from_dir(options.schema_dir) if options.schema_dir
                 else SchemaRegistry.default())
     raw = spark.readStream.format("kafka").options(**options.source_options()).load()
-    rows = decode(raw, registry, payload_schema=options.payload_schema)
+    rows = decode(raw, registry, payload_schema=options.payload_schema,
+                  max_ttl_ms=options.max_ttl_ms, limits=options.input_limits)
     if transform is not None:
         rows = transform(rows)
     if options.dedup is DedupMode.WATERMARK:

@@ -7,8 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from eoguard.codec import InputLimits
 from eoguard.errors import ConfigError
-from eoguard.store.keys import DEFAULT_PREFIX, DEFAULT_SHARDS, KeySpace
+from eoguard.store.keys import DEFAULT_MAX_TTL_MS, DEFAULT_PREFIX, DEFAULT_SHARDS, KeySpace
 
 __all__ = ["DedupMode", "JobOptions"]
 
@@ -22,6 +23,13 @@ class DedupMode(str, enum.Enum):
     """Spark's ``dropDuplicatesWithinWatermark``: this query's rows only, within the watermark."""
     NONE = "none"
     """No dedup at all (decode, expiry and dead letters only); a baseline for benchmarks."""
+
+
+def _kafka_options(options: Mapping[str, str]) -> dict[str, str]:
+    for key in options:
+        if key in ("subscribe", "subscribePattern", "assign"):
+            raise ConfigError(f"kafka option {key!r}: name the topics with topics=")
+    return dict(options)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -51,6 +59,8 @@ class JobOptions:
     redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)
     key_prefix: str = DEFAULT_PREFIX
     key_shards: int = DEFAULT_SHARDS
+    max_ttl_ms: int = DEFAULT_MAX_TTL_MS
+    input_limits: InputLimits = field(default_factory=InputLimits)
     dedup: DedupMode = DedupMode.REDIS
     payload_schema: str | None = None
     schema_dir: str | None = None
@@ -83,24 +93,27 @@ class JobOptions:
         object.__setattr__(self, "dedup", DedupMode(self.dedup))
         if self.reader is not None and (not self.reader.strip() or "\n" in self.reader):
             raise ConfigError(f"reader {self.reader!r} must be non-empty, on one line")
-        self.keyspace()  # validates prefix and shards
+        self.keyspace()  # validates prefix, shards and max_ttl_ms
+        if not isinstance(self.input_limits, InputLimits):
+            raise ConfigError("input_limits must be an eoguard.InputLimits")
         for name in ("lease_s", "grace_s", "busy_wait_s", "claim_batch_size"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.grace_s * 1000 < self.input_limits.clock_skew_ms:
+            raise ConfigError(f"grace_s ({self.grace_s}) must cover input_limits.clock_skew_ms "
+                              f"({self.input_limits.clock_skew_ms} ms), as for a consumer")
         if self.max_offsets_per_trigger is not None and self.max_offsets_per_trigger <= 0:
             raise ConfigError("max_offsets_per_trigger must be > 0 when given")
         if self.available_now and self.trigger_interval:
             raise ConfigError("give either available_now or trigger_interval, not both")
         if self.output_path is not None and self.output_path == self.dead_letter_path:
             raise ConfigError("output_path and dead_letter_path must differ")
-        object.__setattr__(self, "kafka_options", dict(self.kafka_options))
-        for key in self.kafka_options:
-            if key in ("subscribe", "subscribePattern", "assign"):
-                raise ConfigError(f"kafka option {key!r}: name the topics with topics=")
+        object.__setattr__(self, "kafka_options", _kafka_options(self.kafka_options))
 
     def keyspace(self) -> KeySpace:
         """The Redis key space the scope's GuardedConsumers use too."""
-        return KeySpace(prefix=self.key_prefix, shards=self.key_shards)
+        return KeySpace(prefix=self.key_prefix, shards=self.key_shards,
+                        max_ttl_ms=self.max_ttl_ms)
 
     def source_options(self) -> dict[str, str]:
         """Options of Spark's Kafka source: the user's, then what the job's guarantees need.
