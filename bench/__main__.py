@@ -1,28 +1,41 @@
 """``python -m bench``: every benchmark in one run against the local stack (starts it if needed).
 
-Each prints its own throughput and its ratio against the plain baseline measured in the same run.
-``python -m bench producer consumer`` runs a subset with default options; each suite also runs
-alone with its own options (``python -m bench.bench_consumer --help``).
+Each suite prints its own detail, then one table holds every path beside its baseline with the
+machine and the versions. ``python -m bench producer latency`` runs a subset with default
+options; ``--json FILE`` writes the table to a file too, so two runs can be compared. Each
+suite also runs alone with its own options (``python -m bench.bench_consumer --help``).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 
-SUITES = ("producer", "consumer", "spark")
+from bench import table
+
+SUITES = ("producer", "consumer", "latency", "spark")
 
 
 def main(argv: list[str]) -> int:
-    wanted = argv or list(SUITES)
-    unknown = [w for w in wanted if w not in SUITES]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("suites", nargs="*", metavar="SUITE",
+                        help=f"which to run (default: all of {', '.join(SUITES)})")
+    parser.add_argument("--json", metavar="FILE", help="write the table to FILE as JSON")
+    args = parser.parse_args(argv)
+    unknown = [s for s in args.suites if s not in SUITES]
     if unknown:
-        print(f"unknown benchmark(s) {unknown}; choose from {list(SUITES)}", file=sys.stderr)
-        return 2
-    for name in wanted:
+        parser.error(f"unknown suite(s) {unknown}; choose from {list(SUITES)}")
+    for name in args.suites or SUITES:
         print(f"\n=== bench {name} ===", flush=True)
         sys.argv = [f"bench.bench_{name}"]  # each suite parses its own options: defaults here
         importlib.import_module(f"bench.bench_{name}").main()
+    info = table.machine()
+    print()
+    table.render(table.ROWS, info)
+    if args.json:
+        table.write_json(args.json, table.ROWS, info)
+        print(f"written to {args.json}")
     return 0
 
 

@@ -48,6 +48,7 @@ import fastavro
 import redis
 from confluent_kafka import Consumer, Producer
 
+from bench import table
 from eoguard.codec import EnvelopeCodec, PayloadCodec
 from eoguard.codec.schemas import default_schema_dir
 from eoguard.config import ConsumerConfig, RedisConfig
@@ -311,6 +312,10 @@ def main() -> None:
     for key, (name, _) in runs.items():
         print(f"  {key:5s}{name:40s} min {min(rates[key]):>9,.0f}   "
               f"median {statistics.median(rates[key]):>9,.0f}")
+    for key, (name, _) in runs.items():
+        table.add(table.Row(suite="consumer", path=f"{key} {name}", rates=rates[key],
+                            baseline=None if key == "(a)" else "(a) " + runs["(a)"][0],
+                            note=f"{total} msgs, batch {args.batch}"))
     med = {key: statistics.median(values) for key, values in rates.items()}
     low = {key: min(values) for key, values in rates.items()}
     print(f"(b)/(a)  median {med['(b)'] / med['(a)']:.2f}  min {low['(b)'] / low['(a)']:.2f}"
@@ -330,6 +335,11 @@ def main() -> None:
         for name in found:
             print(f"  {name:8s} p50 per round {[round(v, 1) for v in p50[name]]}   "
                   f"p99 per round {[round(v, 1) for v in p99[name]]}")
+        for name in found:
+            table.add(table.Row(suite="consumer", path=f"latency {name} @ {args.rate:g}/s",
+                                rates=[], e2e_ms=(statistics.median(p50[name]),
+                                                  statistics.median(p99[name])),
+                                note=f"fetch.wait.max.ms {args.fetch_wait_ms}"))
         d50 = statistics.median(p50["eoguard"]) - statistics.median(p50["plain"])
         d99 = statistics.median(p99["eoguard"]) - statistics.median(p99["plain"])
         print(f"  eoguard - plain (medians over rounds): p50 {d50:+.1f} ms (target <= 20)   "

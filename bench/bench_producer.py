@@ -1,42 +1,49 @@
 """Producer throughput against the local stack (a benchmark, not a test).
 
-    python -m bench.bench_producer [--messages 100000] [--partitions 4] [--payload 200]
+    python -m bench.bench_producer [--messages 50000] [--rounds 3] [--partitions 4]
+                                   [--payload 200] [--redis-url URL]
 
-Sends the same ~200-byte payloads three ways, each to a fresh topic, timed from the first
-send until every message is acknowledged (``flush`` returned):
+Sends the same payloads four ways, each to a fresh topic, in ``--rounds`` interleaved rounds
+(the order rotates each round), timed from the first send until every message is
+acknowledged (``flush`` returned):
 
-  baseline       plain confluent-kafka ``produce`` of the same Avro envelopes (acks=all,
-                 idempotent, same linger), calling ``poll(0)`` in its loop as usual;
-                 reported twice: encoding each envelope in the loop, and pre-encoded;
-  persist-first  GuardedProducer: every message in the Redis outbox before Kafka;
-  delayed        GuardedProducer: Redis only for messages Kafka has not acked in the delay.
+  baseline, fire-and-forget   what a user writes without eoguard: plain confluent-kafka,
+                              idempotent, acks=all, the guarded producer's linger.ms,
+                              batch.size and compression, each envelope encoded in the loop
+                              with fastavro's ``schemaless_writer`` and a parsed schema (one
+                              reused buffer), a uuid4 id, ``poll(0)`` now and then;
+  baseline, callback          the same with a per-message delivery callback (what a producer
+                              that wants to know about failures writes): the headline ratio;
+  persist-first               GuardedProducer: every message in the Redis outbox before Kafka;
+  delayed                     GuardedProducer: Redis only for messages Kafka has not acked in
+                              the delay.
 
-Prints msgs/s, the ratio to the baseline, this process's CPU per message (every thread,
-librdkafka's included) and Redis's (``INFO cpu``: with the shared stack Redis that counts
-other clients too; ``--redis-url`` of a private server does not), Redis writes (and avoided)
-and the latency from ``send`` to ``on_guaranteed`` (p50/p99). Targets: persist-first >= 0.3x,
-delayed >= 0.6x with Redis writes <= 5% of messages.
+Prints min and median msg/s per variant, the ratios of the medians to both baselines, this
+process's CPU per message (every thread, librdkafka's included), Redis's (``INFO cpu``: pass
+``--redis-url`` of a private server so no other client is counted), Redis writes (and
+avoided) and the latency from ``send`` to ``on_guaranteed`` (p50/p99).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import statistics
 import threading
 import time
 import uuid
 
+import fastavro
 import redis
 from confluent_kafka import Producer
 
-from eoguard.codec import EnvelopeCodec
+from bench import table
+from eoguard.codec import ENVELOPE_SCHEMA, MAGIC, SchemaRegistry
 from eoguard.config import ProducerConfig, RedisConfig
-from eoguard.envelope import Envelope
 from eoguard.producer.guarded import GuardedProducer
 from eoguard.stack import LocalStack, create_topics
 from eoguard.store.keys import KeySpace
 
-CODEC = EnvelopeCodec()
 BATCH = ProducerConfig.__dataclass_fields__["batch_max_messages"].default  # the default
 KAFKA = {"linger.ms": 5, "acks": "all", "enable.idempotence": True,
          "queue.buffering.max.messages": 500_000}
@@ -66,23 +73,49 @@ def make_topic(bootstrap: str, partitions: int) -> str:
     return name
 
 
-def envelope_value(payload: bytes) -> bytes:
-    return CODEC.encode(Envelope.create(payload, ttl_ms=600_000, producer="bench"))
+class PlainEncoder:
+    """The envelope as a user encodes it with fastavro: a parsed schema, one reused buffer."""
+
+    def __init__(self, producer_id: str) -> None:
+        current = SchemaRegistry.default().get(ENVELOPE_SCHEMA)
+        self.schema = fastavro.parse_schema(current.schema)
+        self.header = MAGIC + current.fingerprint
+        self.producer_id = producer_id
+        self.buffer = io.BytesIO()
+
+    def encode(self, payload: bytes, ttl_ms: int) -> bytes:
+        buf = self.buffer
+        buf.seek(0)
+        buf.truncate()
+        buf.write(self.header)
+        now = time.time_ns() // 1_000_000
+        fastavro.schemaless_writer(buf, self.schema, {
+            "id": str(uuid.uuid4()), "expires_at": now + ttl_ms, "created_at": now,
+            "producer": self.producer_id, "attempt": 1, "payload_schema": None,
+            "payload": payload, "headers": {}, "payload_fingerprint": None})
+        return buf.getvalue()
 
 
 def baseline(bootstrap: str, topic: str, n: int, payload: bytes, *,
-             encode: bool) -> tuple[float, float]:
-    """(seconds, process CPU microseconds per message)."""
+             callback: bool) -> tuple[float, dict[str, float]]:
+    """(seconds, {"cpu_us": process CPU microseconds per message})."""
     producer = Producer({"bootstrap.servers": bootstrap, **KAFKA})
-    values = None if encode else [envelope_value(payload) for _ in range(n)]
-    producer.produce(topic, envelope_value(payload))  # warm: metadata, connections
+    encoder = PlainEncoder("bench-baseline")
+    failed: list[object] = []
+
+    def delivered(err: object, _msg: object) -> None:
+        if err is not None:
+            failed.append(err)
+
+    extra = {"on_delivery": delivered} if callback else {}
+    producer.produce(topic, encoder.encode(payload, 600_000))  # warm: metadata, connections
     producer.flush(30)
     started, cpu = time.perf_counter(), time.process_time()
     for i in range(n):
-        value = envelope_value(payload) if values is None else values[i]
+        value = encoder.encode(payload, 600_000)
         while True:
             try:
-                producer.produce(topic, value, b"k%d" % (i & 31))
+                producer.produce(topic, value, b"k%d" % (i & 31), **extra)
                 break
             except BufferError:
                 producer.poll(0.001)
@@ -90,7 +123,8 @@ def baseline(bootstrap: str, topic: str, n: int, payload: bytes, *,
             producer.poll(0)
     left = producer.flush(120)
     assert left == 0, f"{left} messages not delivered"
-    return time.perf_counter() - started, (time.process_time() - cpu) / n * 1e6
+    assert not failed, failed[:3]
+    return time.perf_counter() - started, {"cpu_us": (time.process_time() - cpu) / n * 1e6}
 
 
 def guarded(bootstrap: str, redis_url: str, topic: str, n: int, payload: bytes,
@@ -148,47 +182,85 @@ def guarded(bootstrap: str, redis_url: str, topic: str, n: int, payload: bytes,
     }
 
 
+VARIANTS = ("baseline, fire-and-forget", "baseline, callback", "persist-first", "delayed")
+
+
+def run(variant: str, bootstrap: str, redis_url: str, n: int, partitions: int,
+        payload: bytes) -> tuple[float, dict[str, float]]:
+    topic = make_topic(bootstrap, partitions)
+    if variant.startswith("baseline"):
+        elapsed, info = baseline(bootstrap, topic, n, payload, callback="callback" in variant)
+    else:
+        elapsed, info = guarded(bootstrap, redis_url, topic, n, payload, variant)
+    return n / elapsed, info
+
+
+def describe(info: list[dict[str, float]], n: int) -> str:
+    med = {key: statistics.median(i[key] for i in info) for key in info[0]}
+    text = f"cpu {med['cpu_us']:.1f} us/msg"
+    if "persisted" in med:
+        text += (f", redis {med['redis_us']:.1f} us/msg; redis writes {med['persisted']:.0f} "
+                 f"({med['persisted'] / n:.1%}), avoided {med['avoided']:.0f}; guaranteed "
+                 f"p50 {med['p50_ms']:.1f} ms p99 {med['p99_ms']:.1f} ms; "
+                 f"delay {med['delay_ms']:.0f} ms")
+    return text
+
+
+def add_row(variant: str, rates: list[float], info: list[dict[str, float]], n: int,
+            payload: int) -> None:
+    """The variant's row of ``python -m bench``'s table (medians over the rounds)."""
+    def med(key: str) -> float | None:
+        return statistics.median(i[key] for i in info) if key in info[0] else None
+
+    guaranteed = (med("p50_ms"), med("p99_ms"))
+    persisted = med("persisted")
+    table.add(table.Row(
+        suite="producer", path=variant, rates=rates,
+        baseline=None if variant == VARIANTS[1] else VARIANTS[1],
+        cpu_us=med("cpu_us"), redis_cpu_us=med("redis_us"),
+        redis_writes=None if persisted is None else persisted / n,
+        guaranteed_ms=None if guaranteed[0] is None else guaranteed,  # type: ignore[arg-type]
+        note=f"{n} x {payload} B"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--messages", type=int, default=50_000)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--payload", type=int, default=200)
-    parser.add_argument("--only", choices=["baseline", "persist-first", "delayed"])
+    parser.add_argument("--only", choices=VARIANTS, action="append",
+                        help="run only these variants (repeatable)")
     parser.add_argument("--redis-url", help="Redis for the outbox (default: the local stack's); "
-                        "a private server keeps INFO commandstats free of other clients")
+                        "a private server keeps INFO cpu free of other clients")
     args = parser.parse_args()
     ends, _ = LocalStack().up()
     redis_url = args.redis_url or ends.redis_url
     n, payload = args.messages, b"x" * args.payload
-    print(f"{n} messages, {args.payload}-byte payloads "
-          f"({len(envelope_value(payload))}-byte envelopes), {args.partitions} partitions; "
+    variants = args.only or list(VARIANTS)
+    size = len(PlainEncoder("bench-baseline").encode(payload, 600_000))
+    print(f"{n} messages x {args.rounds} interleaved rounds, {args.payload}-byte payloads "
+          f"({size}-byte envelopes), {args.partitions} partitions; librdkafka {KAFKA}; "
           f"GuardedProducer: outbox batches of <= {BATCH} messages, keep_until=published, "
           f"Redis {redis_url}")
-    rows: list[tuple[str, float, str]] = []
-    base_rate = None
-    if args.only in (None, "baseline"):
-        t, cpu_us = baseline(ends.kafka_bootstrap, make_topic(ends.kafka_bootstrap,
-                                                              args.partitions), n,
-                             payload, encode=True)
-        base_rate = n / t
-        rows.append(("baseline (encode in loop)", base_rate, f"cpu {cpu_us:.1f} us/msg"))
-        t, cpu_us = baseline(ends.kafka_bootstrap, make_topic(ends.kafka_bootstrap,
-                                                              args.partitions), n,
-                             payload, encode=False)
-        rows.append(("baseline (pre-encoded)", n / t, f"cpu {cpu_us:.1f} us/msg"))
-    for mode in ("persist-first", "delayed"):
-        if args.only not in (None, mode):
-            continue
-        t, info = guarded(ends.kafka_bootstrap, redis_url,
-                          make_topic(ends.kafka_bootstrap, args.partitions), n, payload, mode)
-        rows.append((f"GuardedProducer {mode}", n / t,
-                     f"cpu {info['cpu_us']:.1f} us/msg, redis {info['redis_us']:.1f} us/msg; "
-                     f"redis writes {info['persisted']:.0f} ({info['persisted'] / n:.1%}), "
-                     f"avoided {info['avoided']:.0f}; guaranteed p50 {info['p50_ms']:.1f} ms "
-                     f"p99 {info['p99_ms']:.1f} ms; delay {info['delay_ms']:.0f} ms"))
-    for name, rate, extra in rows:
-        ratio = f"{rate / base_rate:5.2f}x" if base_rate else "   - "
-        print(f"{name:30s} {rate:10,.0f} msg/s  {ratio}  {extra}")
+    rates: dict[str, list[float]] = {v: [] for v in variants}
+    infos: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    for r in range(args.rounds):
+        for variant in variants[r % len(variants):] + variants[:r % len(variants)]:
+            rate, info = run(variant, ends.kafka_bootstrap, redis_url, n, args.partitions,
+                             payload)
+            rates[variant].append(rate)
+            infos[variant].append(info)
+            print(f"  round {r + 1}: {variant:26s} {rate:10,.0f} msg/s", flush=True)
+    medians = {v: statistics.median(rates[v]) for v in variants}
+    ff, cb = medians.get(VARIANTS[0]), medians.get(VARIANTS[1])
+    print(f"{'variant':28s} {'min':>10s} {'median':>10s}  {'/callback':>9s} {'/f&f':>6s}")
+    for v in variants:
+        ratio_cb = f"{medians[v] / cb:8.2f}x" if cb else "       - "
+        ratio_ff = f"{medians[v] / ff:5.2f}x" if ff else "    - "
+        print(f"{v:28s} {min(rates[v]):10,.0f} {medians[v]:10,.0f}  {ratio_cb} {ratio_ff}  "
+              f"{describe(infos[v], n)}")
+        add_row(v, rates[v], infos[v], n, args.payload)
     redis.Redis.from_url(redis_url).close()
 
 

@@ -5,12 +5,13 @@ Every message eoguard carries is an :class:`Envelope`; on Kafka it is encoded by
 
 Ids:
 
-- :func:`new_message_id` returns a UUIDv7 (RFC 9562): 48 bits of Unix epoch milliseconds,
-  then 74 bits that start at a random value each new millisecond and are incremented by one
-  for every further id in the same millisecond (RFC 9562 §6.2, method 3). Ids from one
-  process are therefore strictly increasing, even within one millisecond and even if the
-  wall clock steps back; ids from different processes collide only if two random 73-bit
-  starting points land within a few thousand of each other.
+- :func:`new_message_id` returns a UUIDv7 (RFC 9562) from uuid-utils (the Rust ``uuid``
+  crate's ``now_v7``, about five times faster than the same in Python): 48 bits of Unix epoch
+  milliseconds, a 42-bit counter that starts at a random value each new millisecond and is
+  incremented for every further id in it (RFC 9562 §6.2, method 1; a clock that steps back
+  keeps the last timestamp and counts on), then 32 random bits. Ids from one process are
+  therefore strictly increasing, even within one millisecond; ids of different processes
+  collide only with the same millisecond, counter and 32 random bits.
 - :func:`derived_message_id` returns a deterministic UUIDv8 for the ``index``-th message a
   handler emits while processing ``parent_id``, so a retried read-process-write step
   produces the same ids and downstream dedup drops the repeats.
@@ -28,10 +29,11 @@ import dataclasses
 import hashlib
 import os
 import re
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+
+import uuid_utils
 
 __all__ = [
     "Envelope",
@@ -108,36 +110,14 @@ class Envelope:
 
 # --- UUIDv7 ----------------------------------------------------------------------------
 
-_RAND_BITS = 74  # 12 bits rand_a + 62 bits rand_b, treated as one counter
-_RAND_MASK = (1 << _RAND_BITS) - 1
-_VERSION_7 = 0x7 << 76
 _VERSION_8 = 0x8 << 76
 _VARIANT = 0b10 << 62
+_RAND_MASK = (1 << 74) - 1  # the 74 free bits of a UUIDv7/v8 (rand_a and rand_b)
 
-
-class _V7State:
-    """Last timestamp and counter of this process; guarded by a lock, reseeded after fork."""
-
-    __slots__ = ("counter", "last_ms", "lock")
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.last_ms = -1
-        self.counter = 0
-
-    def reseed(self) -> None:
-        # A forked child must not continue the parent's sequence (it would repeat its ids).
-        self.lock = threading.Lock()
-        self.last_ms = -1
-
-
-_state = _V7State()
-os.register_at_fork(after_in_child=_state.reseed)
-
-
-def _random_start() -> int:
-    # Top bit clear: leaves 2**73 increments of room before the counter could overflow.
-    return int.from_bytes(os.urandom(10), "big") & (_RAND_MASK >> 1)
+# uuid-utils keeps its generator's random state in Rust: a forked child would draw the same
+# random bits as its parent (and continue the same counter), so reseed it in the child.
+os.register_at_fork(after_in_child=uuid_utils.reseed_rng)
+_uuid7 = uuid_utils.uuid7
 
 
 def _format(value: int) -> str:
@@ -147,23 +127,7 @@ def _format(value: int) -> str:
 
 def new_message_id() -> str:
     """A new UUIDv7 (canonical 36-char string), strictly increasing within this process."""
-    ms = time.time_ns() // 1_000_000
-    state = _state
-    with state.lock:
-        if ms > state.last_ms:
-            state.last_ms = ms
-            state.counter = _random_start()
-        else:
-            # Same millisecond, or the clock stepped back: keep the last timestamp, count up.
-            state.counter += 1
-            if state.counter > _RAND_MASK:  # unreachable in practice; stay monotonic anyway
-                state.last_ms += 1
-                state.counter = _random_start()
-        ms = state.last_ms
-        counter = state.counter
-    rand_a = counter >> 62
-    rand_b = counter & ((1 << 62) - 1)
-    return _format((ms << 80) | _VERSION_7 | (rand_a << 64) | _VARIANT | rand_b)
+    return str(_uuid7())
 
 
 def derived_message_id(parent_id: str, index: int) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 
 from fastavro import schemaless_reader, schemaless_writer
 
+from eoguard.codec import envelope_writer
 from eoguard.codec.schemas import SchemaRegistry
 from eoguard.envelope import Envelope
 from eoguard.errors import (
@@ -77,12 +78,15 @@ class EnvelopeCodec:
     :class:`CorruptRecordError` (body truncated, invalid, or followed by extra bytes).
     """
 
-    __slots__ = ("_current", "_header", "_readers", "_registry")
+    __slots__ = ("_current", "_hand_written", "_header", "_producer", "_readers", "_registry")
 
     def __init__(self, registry: SchemaRegistry | None = None) -> None:
         self._registry = SchemaRegistry.default() if registry is None else registry
         self._current = self._registry.get(ENVELOPE_SCHEMA)
         self._header = MAGIC + self._current.fingerprint
+        # The hand-written writer when the current schema is the one it writes.
+        self._hand_written = self._current.fingerprint == envelope_writer.WRITES
+        self._producer = ("", envelope_writer.text(""))  # the last producer, written
         # fingerprint -> (writer schema, reader schema or None when writer is current)
         self._readers: dict[bytes, tuple[Any, Any]] = {self._current.fingerprint:
                                                        (self._current.plain, None)}
@@ -100,6 +104,37 @@ class EnvelopeCodec:
     def encode(self, envelope: Envelope) -> bytes:
         """The single-object encoding of ``envelope``; :class:`CodecError` if a field has
         a value its Avro type cannot hold."""
+        if self._hand_written:
+            return self.encode_fields(
+                envelope.id, envelope.expires_at_ms, envelope.created_at_ms,
+                producer=envelope.producer, attempt=envelope.attempt,
+                payload_schema=envelope.payload_schema, payload=envelope.payload,
+                headers=envelope.headers, payload_fingerprint=envelope.payload_fingerprint)
+        return self._encode_with_fastavro(envelope)
+
+    def encode_fields(self, message_id: str, expires_at_ms: int, created_at_ms: int, *,
+                      producer: str, attempt: int, payload_schema: str | None, payload: bytes,
+                      headers: dict[str, str], payload_fingerprint: bytes | None) -> bytes:
+        """:meth:`encode` of the envelope with these fields, without building it first (the
+        producer's per-message path)."""
+        if not self._hand_written:
+            return self._encode_with_fastavro(Envelope(
+                id=message_id, expires_at_ms=expires_at_ms, created_at_ms=created_at_ms,
+                producer=producer, attempt=attempt, payload_schema=payload_schema,
+                payload=payload, headers=headers, payload_fingerprint=payload_fingerprint))
+        try:
+            last = self._producer
+            if producer is not last[0]:
+                last = self._producer = (producer, envelope_writer.text(producer))
+            return self._header + envelope_writer.write_body(
+                message_id, expires_at_ms, created_at_ms, producer=last[1], attempt=attempt,
+                payload_schema=payload_schema, payload=payload, headers=headers,
+                payload_fingerprint=payload_fingerprint)
+        except (TypeError, ValueError, AttributeError, UnicodeEncodeError) as exc:
+            raise CodecError(f"envelope {message_id!r} does not fit {ENVELOPE_SCHEMA}: "
+                             f"{exc}") from exc
+
+    def _encode_with_fastavro(self, envelope: Envelope) -> bytes:
         out = BytesIO()
         out.write(self._header)
         record = {

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import fastavro
+from fastavro.schema import fingerprint as _fastavro_fingerprint
 from fastavro.schema import to_parsing_canonical_form
 
 from eoguard.errors import ConfigError, SchemaNotFoundError, UnknownFingerprintError
@@ -40,35 +41,15 @@ __all__ = [
 
 SCHEMA_DIR_ENV = "EOGUARD_SCHEMA_DIR"
 
-_CRC64_EMPTY = 0xC15D213AA4D7A795  # the Avro spec's EMPTY64
-
-
-def _crc64_table() -> tuple[int, ...]:
-    table = []
-    for i in range(256):
-        fp = i
-        for _ in range(8):
-            fp = (fp >> 1) ^ (_CRC64_EMPTY & -(fp & 1))
-        table.append(fp)
-    return tuple(table)
-
-
-_CRC64_TABLE = _crc64_table()
-
-
-def crc64_avro(data: bytes) -> int:
-    """CRC-64-AVRO (Rabin) fingerprint of ``data``, as the specification computes it."""
-    fp = _CRC64_EMPTY
-    table = _CRC64_TABLE
-    for byte in data:
-        fp = (fp >> 8) ^ table[(fp ^ byte) & 0xFF]
-    return fp
+def crc64_avro(canonical_form: str) -> bytes:
+    """The 8-byte little-endian CRC-64-AVRO (Rabin) fingerprint of a Parsing Canonical Form,
+    as single-object encoding writes it (fastavro computes it)."""
+    return bytes.fromhex(_fastavro_fingerprint(canonical_form, "CRC-64-AVRO"))
 
 
 def fingerprint_of(schema: dict[str, Any] | str | list[Any]) -> bytes:
     """The 8-byte little-endian CRC-64-AVRO fingerprint of a schema, as single-object encoding writes it."""
-    canonical = to_parsing_canonical_form(fastavro.parse_schema(schema))
-    return crc64_avro(canonical.encode("utf-8")).to_bytes(8, "little")
+    return crc64_avro(to_parsing_canonical_form(fastavro.parse_schema(schema)))
 
 
 def _strip_logical_types(node: Any) -> Any:
@@ -115,7 +96,7 @@ class RegisteredSchema:
         name = parsed.get("name") if isinstance(parsed, dict) else None
         if not isinstance(name, str):
             raise ConfigError(f"schema {source or ''} is not a named type (record, enum, fixed)")
-        fingerprint = crc64_avro(canonical.encode("utf-8")).to_bytes(8, "little")
+        fingerprint = crc64_avro(canonical)
         return cls(name=name, schema=schema, canonical_form=canonical,
                    fingerprint=fingerprint, parsed=parsed, plain=plain, source=source)
 

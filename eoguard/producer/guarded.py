@@ -24,7 +24,7 @@ from typing import Any
 
 from eoguard.codec import EnvelopeCodec, PayloadCodec, SchemaRegistry
 from eoguard.config import ProducerConfig
-from eoguard.envelope import Envelope, canonical_id
+from eoguard.envelope import canonical_id, new_message_id, now_ms
 from eoguard.errors import (
     BackpressureError,
     EoguardError,
@@ -56,6 +56,8 @@ from eoguard.store.scripts import Scripts
 __all__ = ["GuardedProducer"]
 
 log = logging.getLogger(__name__)
+
+_NO_HEADERS: dict[str, str] = {}  # shared, never written to
 
 
 class GuardedProducer:
@@ -149,20 +151,22 @@ class GuardedProducer:
         if len(payload) > self._payload_limit:
             raise InvalidMessageError(f"payload of {len(payload)} bytes is over "
                                       f"input_limits.payload_bytes ({self._payload_limit})")
-        env = Envelope.create(payload, ttl_ms=ttl_ms, producer=self.instance_id,
-                              payload_schema=schema, headers=dict(headers) if headers else None,
-                              message_id=message_id if message_id is None
-                              else canonical_id(message_id),
-                              payload_fingerprint=None if schema is None
-                              else self._payloads.writer_fingerprint(schema))
-        data = self._codec.encode(env)
+        mid = new_message_id() if message_id is None else canonical_id(message_id)
+        assert mid is not None  # check_send_args refused any other id
+        created = now_ms()
+        expires = created + ttl_ms
+        data = self._codec.encode_fields(  # the envelope, encoded without building it
+            mid, expires, created, producer=self.instance_id, attempt=1, payload_schema=schema,
+            payload=payload, headers=dict(headers) if headers else _NO_HEADERS,
+            payload_fingerprint=None if schema is None
+            else self._payloads.writer_fingerprint(schema))
         size = len(data) + (len(key) if key else 0)
         if size > self.config.max_message_bytes:
             raise MessageTooLargeError(
                 f"message of {size} bytes exceeds max_message_bytes "
                 f"({self.config.max_message_bytes})", size=size, limit=self.config.max_message_bytes)
-        msg = PendingMessage(env.id, topic, env.expires_at_ms, self._done, key=key, value=data,
-                             created_at_ms=env.created_at_ms, created_mono=time.monotonic(),
+        msg = PendingMessage(mid, topic, expires, self._done, key=key, value=data,
+                             created_at_ms=created, created_mono=time.monotonic(),
                              on_guaranteed=on_guaranteed or self._on_guaranteed,
                              on_failed=on_failed or self._on_failed, sink=self._sink)
         q = self._queue

@@ -1,0 +1,188 @@
+"""End-to-end latency, produce -> handler, with and without eoguard (a benchmark, not a test).
+
+    python -m bench.bench_latency [--seconds 10] [--max-rate N] [--redis-url URL]
+
+An open-loop schedule: message k is due at ``start + k / rate`` and its latency is measured
+from that due time (a sender that falls behind adds its lag, as a real load would), to the
+moment the handler sees it, in a consumer process of its own. Three pipelines, each at a
+trickle of 50 msg/s and at 20% and 60% of the callback baseline's maximum rate (``--max-rate``,
+else measured first with ``bench.bench_producer``'s callback baseline):
+
+  plain           confluent-kafka producer (idempotent, acks=all, per-message callback,
+                  fastavro envelope) -> confluent-kafka ``poll()`` loop (auto-commit, as a
+                  user writes it) decoding with fastavro;
+  persist-first   GuardedProducer -> GuardedConsumer;
+  delayed         GuardedProducer (delayed mode) -> GuardedConsumer.
+
+Both consumers use the same fetch settings (``fetch.wait.max.ms``, ``fetch.min.bytes``) and
+the same ``linger.ms`` on the producers. Prints p50/p99 (p999 only where a point has at least
+10,000 samples) per pipeline and rate, and each eoguard pipeline's difference to plain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import multiprocessing as mp
+import struct
+import time
+import uuid
+from typing import Any
+
+import fastavro
+from confluent_kafka import Consumer, Producer
+
+from bench import table
+from bench.bench_producer import KAFKA, PlainEncoder, baseline, make_topic
+from eoguard.codec import ENVELOPE_SCHEMA, SchemaRegistry
+from eoguard.config import ConsumerConfig, ProducerConfig, RedisConfig
+from eoguard.consumer.guarded import GuardedConsumer
+from eoguard.producer.guarded import GuardedProducer
+from eoguard.stack import LocalStack
+from eoguard.store.keys import KeySpace
+
+FETCH = {"fetch.wait.max.ms": 10, "fetch.min.bytes": 1}
+STAMP = struct.Struct("<d")  # the payload: the message's due time, epoch seconds
+PIPELINES = ("plain", "persist-first", "delayed")
+
+
+def consume(pipeline: str, bootstrap: str, redis_url: str, prefix: str, topic: str,
+            expect: int, ready: Any, out: Any) -> None:
+    """In a process of its own: read ``expect`` messages, put their latencies (ms) on ``out``."""
+    latencies: list[float] = []
+    group = f"lat-{uuid.uuid4().hex[:8]}"
+    kafka = {"bootstrap.servers": bootstrap, "group.id": group,
+             "auto.offset.reset": "earliest", **FETCH}
+
+    def seen(payload: bytes) -> None:
+        due = STAMP.unpack(payload[:8])[0]
+        if due == 0.0:  # a warm-up message: the pipeline is up end to end
+            ready.set()
+        else:
+            latencies.append((time.time() - due) * 1000)
+
+    deadline = time.monotonic() + 600
+    if pipeline == "plain":
+        schema = fastavro.parse_schema(SchemaRegistry.default().get(ENVELOPE_SCHEMA).schema)
+        consumer = Consumer(kafka)
+        consumer.subscribe([topic])
+        while len(latencies) < expect and time.monotonic() < deadline:
+            msg = consumer.poll(0.1)  # one at a time: returns as soon as a message is in
+            if msg is not None and msg.error() is None:
+                env = fastavro.schemaless_reader(io.BytesIO(msg.value()[10:]), schema, None)
+                seen(env["payload"])
+        consumer.close()
+    else:
+        config = ConsumerConfig(kafka=kafka, redis=RedisConfig(url=redis_url), scope="latency",
+                                topics=(topic,), keyspace=KeySpace(prefix=prefix),
+                                poll_timeout_s=0.1, ack_outbox=True)
+        guarded = GuardedConsumer(config, handler=lambda ctx: seen(ctx.payload))
+        while len(latencies) < expect and time.monotonic() < deadline:
+            guarded.poll_once()
+        guarded.close()
+    out.put(latencies)
+
+
+def warm_up(send: Any, ready: Any) -> None:
+    """Send warm-up messages until the consumer has seen one (group joined, fetching)."""
+    deadline = time.monotonic() + 90
+    while not ready.wait(0.1):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the consumer saw no warm-up message within 90 s")
+        send(STAMP.pack(0.0))
+
+
+def send_all(pipeline: str, bootstrap: str, redis_url: str, prefix: str, topic: str,
+             rate: float, count: int, ready: Any) -> None:
+    """Warm up, then send ``count`` messages on the open-loop schedule of ``rate`` per second."""
+    pad = b"x" * 192  # ~200-byte payloads, as in the other benchmarks
+    if pipeline == "plain":
+        producer = Producer({"bootstrap.servers": bootstrap, **KAFKA})
+        encoder = PlainEncoder("bench-latency")
+
+        def send(payload: bytes) -> None:
+            producer.produce(topic, encoder.encode(payload, 600_000),
+                             on_delivery=lambda err, msg: None)
+            producer.poll(0)
+
+        warm_up(send, ready)
+        start = time.time() + 0.2
+        for k in range(count):
+            due = start + k / rate
+            if (ahead := due - time.time()) > 0:
+                time.sleep(ahead)
+            send(STAMP.pack(due) + pad)
+        producer.flush(60)
+        return
+    config = ProducerConfig(kafka={"bootstrap.servers": bootstrap, **KAFKA},
+                            redis=RedisConfig(url=redis_url), mode=pipeline,
+                            keyspace=KeySpace(prefix=prefix), default_ttl_s=600)
+    with GuardedProducer(config) as guarded:
+        warm_up(lambda payload: guarded.send(topic, payload), ready)
+        start = time.time() + 0.2
+        for k in range(count):
+            due = start + k / rate
+            if (ahead := due - time.time()) > 0:
+                time.sleep(ahead)
+            guarded.send(topic, STAMP.pack(due) + pad)
+        guarded.flush(60)
+
+
+def point(pipeline: str, bootstrap: str, redis_url: str, rate: float, seconds: float
+          ) -> list[float]:
+    topic = make_topic(bootstrap, 4)
+    prefix = f"lat{uuid.uuid4().hex[:6]}"
+    count = max(1, int(rate * seconds))
+    ctx = mp.get_context("spawn")
+    ready, out = ctx.Event(), ctx.Queue()
+    proc = ctx.Process(target=consume, args=(pipeline, bootstrap, redis_url, prefix, topic,
+                                             count, ready, out))
+    proc.start()
+    send_all(pipeline, bootstrap, redis_url, prefix, topic, rate, count, ready)
+    latencies: list[float] = out.get(timeout=600)
+    proc.join(30)
+    return sorted(latencies)
+
+
+def summary(lat: list[float]) -> str:
+    def at(q: float) -> float:
+        return lat[min(len(lat) - 1, int(len(lat) * q))]
+
+    text = f"n={len(lat):6d}  p50 {at(0.5):7.1f} ms  p99 {at(0.99):7.1f} ms"
+    return text + (f"  p999 {at(0.999):7.1f} ms" if len(lat) >= 10_000 else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="per point")
+    parser.add_argument("--max-rate", type=float, help="the callback baseline's msg/s "
+                        "(measured first when not given)")
+    parser.add_argument("--redis-url", help="Redis for eoguard (default: the local stack's)")
+    args = parser.parse_args()
+    ends, _ = LocalStack().up()
+    redis_url = args.redis_url or ends.redis_url
+    max_rate = args.max_rate
+    if max_rate is None:
+        elapsed, _ = baseline(ends.kafka_bootstrap, make_topic(ends.kafka_bootstrap, 4), 30_000,
+                              b"x" * 200, callback=True)
+        max_rate = 30_000 / elapsed
+    rates = [("trickle", 50.0), ("20%", 0.2 * max_rate), ("60%", 0.6 * max_rate)]
+    print(f"callback baseline max {max_rate:,.0f} msg/s; {args.seconds:.0f} s per point; "
+          f"consumers {FETCH}; producers {KAFKA}")
+    for label, rate in rates:
+        plain_p = None
+        for pipeline in PIPELINES:
+            lat = point(pipeline, ends.kafka_bootstrap, redis_url, rate, args.seconds)
+            line = f"{label:8s} {rate:8,.0f} msg/s  {pipeline:14s} {summary(lat)}"
+            p50, p99 = lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+            if pipeline == "plain":
+                plain_p = (p50, p99)
+            elif plain_p is not None:
+                line += f"  ({p50 - plain_p[0]:+.1f} / {p99 - plain_p[1]:+.1f} ms vs plain)"
+            print(line, flush=True)
+            table.add(table.Row(suite="latency", path=f"{pipeline} @ {label} ({rate:,.0f}/s)",
+                                rates=[], e2e_ms=(p50, p99), note=f"n={len(lat)}"))
+
+
+if __name__ == "__main__":
+    main()
