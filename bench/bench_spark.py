@@ -45,6 +45,7 @@ from pyspark.sql.avro.functions import from_avro
 from pyspark.sql.streaming.query import StreamingQuery
 
 from bench.bench_consumer import forget
+from bench import table
 from eoguard.codec import (
     ENVELOPE_SCHEMA,
     HEADER_SIZE,
@@ -206,6 +207,10 @@ def main(argv: Sequence[str] = ()) -> None:
                   f"  x plain: median {median / plain:.2f}, per round "
                   f"{min(per_round):.2f}-{max(per_round):.2f}")
         print("targets: (a) none >= 0.8 x plain, (b) redis >= 0.6 x plain")
+        for mode in MODES:
+            table.add(table.Row(suite="spark", path=mode, rates=rates[mode],
+                                baseline=None if mode == PLAIN else PLAIN,
+                                note=f"{total} x {size:.0f} B, {args.per_batch} per batch"))
         spark.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
