@@ -44,8 +44,8 @@ from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql.avro.functions import from_avro
 from pyspark.sql.streaming.query import StreamingQuery
 
-from bench.bench_consumer import forget
 from bench import table
+from bench.bench_consumer import forget
 from eoguard.codec import (
     ENVELOPE_SCHEMA,
     HEADER_SIZE,
