@@ -33,13 +33,19 @@ ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).resolve().parent / "driver.py"
 
 
+def driver_options(options: JobOptions) -> dict[str, Any]:
+    """``options`` as the JSON the test driver (tests/spark/driver.py) takes."""
+    raw = {name: getattr(options, name) for name in options.__dataclass_fields__}
+    raw["dedup"] = options.dedup.value
+    raw["input_limits"] = dataclasses.asdict(options.input_limits)
+    return raw
+
+
 class Driver:
     """A job driver in its own process group (driver Python, its JVM and Python workers)."""
 
     def __init__(self, options: JobOptions, log: Path, **env: str) -> None:
-        raw = {name: getattr(options, name) for name in options.__dataclass_fields__}
-        raw["dedup"] = options.dedup.value
-        raw["input_limits"] = dataclasses.asdict(options.input_limits)
+        raw = driver_options(options)
         self.lines: queue.Queue[str] = queue.Queue()
         self.stats: list[dict[str, Any]] = []
         self._log = log.open("a")
@@ -229,8 +235,7 @@ def test_speculation_runs_the_parquet_sink_and_refuses_a_hook_unless_idempotent(
     assert spark.read.parquet(options.output_path).count() == 3
 
     hooked = job_options([topic], output_path=str(tmp_path / "out2"))
-    raw = {name: getattr(hooked, name) for name in hooked.__dataclass_fields__}
-    raw["dedup"] = hooked.dedup.value
+    raw = driver_options(hooked)
     speculation = {**os.environ, "EOG_CONF": json.dumps({"spark.speculation": "true"})}
     refused = subprocess.run([sys.executable, str(DRIVER), json.dumps(raw)], cwd=ROOT,
                              env=speculation, capture_output=True, text=True, timeout=300,
