@@ -69,6 +69,17 @@ class ManagedProcess(abc.ABC):
 
     def start(self) -> bool:
         """Start the service and wait until it is ready; return False if it already ran."""
+        if not self.launch():
+            return False
+        self.wait_ready()
+        return True
+
+    def launch(self) -> bool:
+        """Start the process without waiting for it; False if it already answers.
+
+        A member of a cluster is launched with its peers first and waited on after
+        (:meth:`wait_ready`): a KRaft node is not ready before a quorum of voters runs.
+        """
         if self.is_ready():
             # Ours from an earlier start, or another stack's on the same port: either way it
             # answers, and we did not start it now, so we will not stop it either.
@@ -82,6 +93,12 @@ class ManagedProcess(abc.ABC):
             )
         self._child = proc
         self._pid_path.write_text(str(proc.pid))
+        return True
+
+    def wait_ready(self) -> None:
+        """Wait until the launched process is ready; kill it and raise StackError if it never is."""
+        proc = self._child
+        assert proc is not None, "wait_ready() follows a launch() that started the process"
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -91,7 +108,7 @@ class ManagedProcess(abc.ABC):
                     f"its log is {self.log_path}"
                 )
             if self.is_ready():
-                return True
+                return
             time.sleep(0.2)
         self.kill()
         raise StackError(
