@@ -14,7 +14,7 @@ from typing import Any
 from eoguard.errors import ConfigError
 from eoguard.modes import KeepUntil, PersistenceMode
 from eoguard.redaction import redact, redact_url
-from eoguard.store.client import RedisClient
+from eoguard.store.client import RedisClient, connect
 from eoguard.store.keys import KeySpace
 
 __all__ = [
@@ -52,6 +52,8 @@ class RedisConfig:
     ``username``/``password`` (Redis ACL) and ``options`` (``ssl_ca_certs``, ``ssl_certfile``,
     ``ssl_keyfile``, ``ssl_cert_reqs``, ``retry``, ...) go straight to redis-py. Use a
     ``rediss://`` URL for TLS. An injected client must use ``decode_responses=False``.
+    The same URL serves a single node and a Redis Cluster (any node of it): ``cluster=None``
+    asks the server which it is; True or False says so where the server may not be asked.
     """
 
     url: str | None = None
@@ -61,6 +63,7 @@ class RedisConfig:
     options: Mapping[str, Any] = field(default_factory=dict, repr=False)
     socket_timeout_s: float = 5.0
     connect_timeout_s: float = 2.0
+    cluster: bool | None = None
 
     def __post_init__(self) -> None:
         if (self.url is None) == (self.client is None):
@@ -78,14 +81,14 @@ class RedisConfig:
     def __repr__(self) -> str:
         target = "client=<injected>" if self.client is not None else f"url={_redact_url(self.url)!r}"
         return (f"RedisConfig({target}, username={self.username!r}, "
-                f"password={'***' if self.password else None}, options={redact(self.options)!r})")
+                f"password={'***' if self.password else None}, options={redact(self.options)!r}, "
+                f"cluster={self.cluster!r})")
 
     def connect(self) -> RedisClient:
-        """The injected client, or a new redis-py client for ``url``."""
+        """The injected client, or a new redis-py client for ``url`` (``Redis`` or
+        ``RedisCluster``, :func:`eoguard.store.client.connect`)."""
         if self.client is not None:
             return self.client
-        import redis  # noqa: PLC0415 - only a URL config needs redis-py's constructor
-
         kwargs: dict[str, Any] = {
             "socket_timeout": self.socket_timeout_s,
             "socket_connect_timeout": self.connect_timeout_s,
@@ -98,7 +101,7 @@ class RedisConfig:
             kwargs["password"] = self.password
         assert self.url is not None
         try:
-            client: RedisClient = redis.Redis.from_url(self.url, **kwargs)
+            client = connect(self.url, cluster=self.cluster, **kwargs)
         except (ValueError, TypeError) as exc:
             # redis-py's message may quote part of the password: name the URL, redacted, instead.
             raise ConfigError(f"invalid Redis URL {redact_url(self.url)} ({type(exc).__name__})") from None

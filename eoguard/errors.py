@@ -17,7 +17,8 @@ root, three groups say what to do: fix the input, retry later, or re-read the st
     │       └── PayloadEncodeError      a payload does not match the schema it is encoded with
     ├── UnavailableError            a service failed or cannot be reached: retry later, with backoff
     │   ├── StoreError              Redis refused or failed an operation
-    │   │   └── StoreUnavailableError   Redis cannot be reached (connection, timeout, auth)
+    │   │   ├── StoreUnavailableError   Redis cannot be reached (connection, timeout, auth)
+    │   │   └── StoreOutOfMemoryError   Redis is full (maxmemory under noeviction): OOM
     │   ├── BrokerError             Kafka refused or failed an operation
     │   │   └── BrokerUnavailableError  Kafka cannot be reached within the timeout
     │   ├── DeadLetterError         a record could not be routed to the dead-letter topic
@@ -107,6 +108,11 @@ class StoreError(UnavailableError):
 
 class StoreUnavailableError(StoreError):
     """Redis cannot be reached: connection refused, timeout or authentication."""
+
+
+class StoreOutOfMemoryError(StoreError):
+    """Redis is full: maxmemory reached under ``noeviction`` refuses writes (an ``OOM`` reply)
+    until keys expire or memory is added; retry later, nothing was written."""
 
 
 class BrokerError(UnavailableError):

@@ -26,7 +26,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from eoguard.errors import ConfigError, StoreError
-from eoguard.store.client import RedisClient, wrap_redis_error
+from eoguard.store.client import RedisClient, cluster_mode, wrap_redis_error
 from eoguard.store.dedup_admin import count_keys
 from eoguard.store.keys import LAYOUT_VERSION, KeySpace
 
@@ -79,11 +79,11 @@ def check_layout(client: RedisClient, keys: KeySpace) -> None:
        and a version 1 record is upgraded in place once no v1 dedup key is left.
     """
     # Step 1.
-    if not isinstance(client, RedisCluster) and _cluster_enabled(client):
+    if not isinstance(client, RedisCluster) and cluster_mode(client):
         # A single-node client sends one script call per batch over many hash slots: a
         # cluster answers CROSSSLOT to every one of them.
         raise ConfigError("this Redis runs in cluster mode: pass a redis.cluster.RedisCluster "
-                          "client (RedisConfig(client=...))")
+                          "client (RedisConfig(client=...)), or its URL (RedisConfig(url=...))")
     # Step 2.
     check_eviction_policy(client)
     # Step 3.
@@ -210,18 +210,6 @@ def _per_node(reply: Any, field: str) -> list[dict[Any, Any]]:
             and all(isinstance(v, dict) for v in reply.values()):
         return cast("list[dict[Any, Any]]", list(reply.values()))
     return [reply] if isinstance(reply, dict) else []
-
-
-def _cluster_enabled(client: RedisClient) -> bool:
-    pipe = client.pipeline(transaction=False)
-    pipe.info("cluster")
-    try:
-        [info] = pipe.execute()
-    except redis.ResponseError:  # INFO refused (an ACL): the scripts would tell soon enough
-        return False
-    except redis.RedisError as exc:
-        raise wrap_redis_error(exc, "reading INFO cluster") from exc
-    return bool(int(info.get("cluster_enabled", 0)))
 
 
 def _text(value: Any) -> str:

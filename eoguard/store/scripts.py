@@ -137,7 +137,10 @@ class Scripts:
             pipe = self._client.pipeline(transaction=False)
             for i in todo:
                 call = calls[i]
-                pipe.evalsha(lua_script(call.script).sha, len(call.keys), *call.keys, *call.args)
+                # execute_command, not pipe.evalsha: redis-py's cluster pipeline blocks the
+                # method (not the command, which it routes by its first key's slot).
+                pipe.execute_command("EVALSHA", lua_script(call.script).sha, len(call.keys),
+                                     *call.keys, *call.args)
             results = self.execute(pipe, doing=doing, raise_on_error=False)
             missing: list[int] = []
             for i, result in zip(todo, results, strict=True):
