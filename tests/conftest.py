@@ -67,9 +67,12 @@ def cluster_stack() -> Iterator[Endpoints]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """A test marked ``cluster`` runs twice: on the single-node stack and on the cluster."""
-    if metafunc.definition.get_closest_marker("cluster") is not None:
-        metafunc.parametrize("topology", ["single", "cluster"], indirect=True)
+    """A test marked ``cluster`` runs twice: on the single-node stack and on the cluster
+    (``cluster(only=True)``: on the cluster alone)."""
+    marker = metafunc.definition.get_closest_marker("cluster")
+    if marker is not None:
+        params = ["cluster"] if marker.kwargs.get("only") else ["single", "cluster"]
+        metafunc.parametrize("topology", params, indirect=True)
 
 
 @pytest.fixture
