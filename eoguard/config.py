@@ -16,6 +16,7 @@ from eoguard.modes import KeepUntil, PersistenceMode
 from eoguard.redaction import redact, redact_url
 from eoguard.store.client import RedisClient, connect
 from eoguard.store.keys import KeySpace
+from eoguard.store.replicas import ReplicaWait
 
 __all__ = [
     "ConsumerConfig",
@@ -54,6 +55,9 @@ class RedisConfig:
     ``rediss://`` URL for TLS. An injected client must use ``decode_responses=False``.
     The same URL serves a single node and a Redis Cluster (any node of it): ``cluster=None``
     asks the server which it is; True or False says so where the server may not be asked.
+    ``durability="replicated"`` waits (WAIT) until a replica holds each round trip's writes,
+    up to ``replica_timeout_s``, before a guarantee or an offset commit rests on them; it is
+    refused at start where a master has no replica (docs/design.md §4).
     """
 
     url: str | None = None
@@ -64,8 +68,13 @@ class RedisConfig:
     socket_timeout_s: float = 5.0
     connect_timeout_s: float = 2.0
     cluster: bool | None = None
+    durability: str = "local"
+    replica_timeout_s: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.durability not in ("local", "replicated"):
+            raise ConfigError(f"durability must be 'local' or 'replicated', got {self.durability!r}")
+        _positive("replica_timeout_s", self.replica_timeout_s)
         if (self.url is None) == (self.client is None):
             raise ConfigError("RedisConfig needs exactly one of url= or client=")
         if self.url is not None and not self.url.startswith(("redis://", "rediss://", "unix://")):
@@ -82,7 +91,13 @@ class RedisConfig:
         target = "client=<injected>" if self.client is not None else f"url={_redact_url(self.url)!r}"
         return (f"RedisConfig({target}, username={self.username!r}, "
                 f"password={'***' if self.password else None}, options={redact(self.options)!r}, "
-                f"cluster={self.cluster!r})")
+                f"cluster={self.cluster!r}, durability={self.durability!r})")
+
+    def replica_wait(self) -> ReplicaWait | None:
+        """What each round trip waits for under replicated durability; None: local."""
+        if self.durability == "local":
+            return None
+        return ReplicaWait(replicas=1, timeout_ms=int(self.replica_timeout_s * 1000))
 
     def connect(self) -> RedisClient:
         """The injected client, or a new redis-py client for ``url`` (``Redis`` or

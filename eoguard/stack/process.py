@@ -6,6 +6,7 @@ import abc
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -114,6 +115,14 @@ class ManagedProcess(abc.ABC):
         raise StackError(
             f"{self.name} was not ready after {self.ready_timeout_s:.0f}s; its log is {self.log_path}"
         )
+
+    def detach(self) -> None:
+        """Leave the started process to run past this object (a test restarting a member of
+        a stack it does not own): its pid file still names it, so the stack stops it; a
+        daemon thread reaps it when it exits."""
+        child, self._child = self._child, None
+        if child is not None:
+            threading.Thread(target=child.wait, name=f"reap-{self.name}", daemon=True).start()
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` (SIGKILL by default: a crash) and wait until the process is gone."""

@@ -29,6 +29,7 @@ from eoguard.errors import ConfigError, StoreError
 from eoguard.store.client import RedisClient, cluster_mode, wrap_redis_error
 from eoguard.store.dedup_admin import count_keys
 from eoguard.store.keys import LAYOUT_VERSION, KeySpace
+from eoguard.store.replicas import check_replicas
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def recorded_shards(client: RedisClient, prefix: str) -> int | None:
     return None if layout is None else layout.shards
 
 
-def check_layout(client: RedisClient, keys: KeySpace) -> None:
+def check_layout(client: RedisClient, keys: KeySpace, *, replicas: int = 0) -> None:
     """Check at start that this process may use ``keys`` on this Redis; raise ConfigError if not.
 
     Steps:
@@ -77,6 +78,7 @@ def check_layout(client: RedisClient, keys: KeySpace) -> None:
     2. The server must run with ``maxmemory-policy noeviction`` (a warning when unreadable).
     3. Record the layout on first use; otherwise it must match ``keys`` (shards, max_ttl_ms),
        and a version 1 record is upgraded in place once no v1 dedup key is left.
+    4. Replicated durability: every master has ``replicas`` connected replicas.
     """
     # Step 1.
     if not isinstance(client, RedisCluster) and cluster_mode(client):
@@ -97,6 +99,9 @@ def check_layout(client: RedisClient, keys: KeySpace) -> None:
             f"key prefix {keys.prefix!r} is laid out with max_ttl_ms={layout.max_ttl_ms}, but "
             f"this process is configured with {keys.max_ttl_ms}; use "
             f"KeySpace(max_ttl_ms={layout.max_ttl_ms}) (or another prefix)")
+    # Step 4.
+    if replicas:
+        check_replicas(client, replicas)
 
 
 def _settle(client: RedisClient, keys: KeySpace) -> Layout:
