@@ -56,16 +56,21 @@ class RedisClusterNodes(ServiceGroup):
         self._wait_ok()
 
     def is_ready(self) -> bool:
-        """Every node says ``cluster_state:ok`` with all slots served, each master has a replica."""
+        """Every node says ``cluster_state:ok`` with all slots served, each master has a
+        replica, and every replica is in sync (``master_link_status:up``): a replica still
+        syncing could not take over."""
         try:
             infos = [_cluster_info(node) for node in self.servers]
             links = [_replication(node) for node in self.servers]
         except redis.RedisError:
             return False
-        return all(info.get("cluster_state") == "ok" and int(info.get("cluster_slots_ok", 0)) == SLOTS
-                   for info in infos) \
-            and sum(1 for link in links if link.get("role") == "master"
-                    and int(str(link.get("connected_slaves", 0))) >= 1) == MASTERS
+        slots_ok = all(info.get("cluster_state") == "ok"
+                       and int(info.get("cluster_slots_ok", 0)) == SLOTS for info in infos)
+        replicated = sum(1 for link in links if link.get("role") == "master"
+                         and int(str(link.get("connected_slaves", 0))) >= 1) == MASTERS
+        in_sync = sum(1 for link in links if link.get("role") == "slave"
+                      and link.get("master_link_status") == "up") == NODES - MASTERS
+        return slots_ok and replicated and in_sync
 
     def _known_nodes(self) -> int:
         return int(_cluster_info(self.servers[0]).get("cluster_known_nodes", 1))

@@ -73,8 +73,11 @@ class RedisServer(ManagedProcess):
     def _cluster_lines(self) -> list[str]:
         if self.cluster_node_timeout_ms is None:
             return []
+        # No 5 s wait before a full resync: a replica restarted after a failover is in sync
+        # (and may take over again) within a second, not six.
         return ["cluster-enabled yes", "cluster-config-file nodes.conf",
-                f"cluster-node-timeout {self.cluster_node_timeout_ms}"]
+                f"cluster-node-timeout {self.cluster_node_timeout_ms}",
+                "repl-diskless-sync-delay 0"]
 
     def command(self) -> list[str]:
         return [ensure_redis_server(), str(self.workdir / "redis.conf")]
