@@ -151,7 +151,7 @@ class Scripts:
             planned = [] if self.wait is None else add_waits(
                 self._client, pipe, first_keys, self.wait)
             results = self.execute(pipe, doing=doing, raise_on_error=False)
-            if self.wait is not None:
+            if self.wait is not None and planned:
                 results, acks = results[:-len(planned)], results[-len(planned):]
                 check_acks(self._client, acks, self.wait, doing, first_keys=first_keys,
                            planned=planned)

@@ -14,10 +14,15 @@ from eoguard.config import RedisConfig
 from eoguard.errors import ConfigError, ReplicationTimeoutError
 from eoguard.modes import KeepUntil
 from eoguard.stack import Endpoints
+from eoguard.stack.redis_server import RedisServer
+from eoguard.store.dedup import DedupStore
 from eoguard.store.keys import KeySpace
 from eoguard.store.layout import check_layout
 from eoguard.store.outbox import Outbox
+from eoguard.store.replicas import ReplicaWait
 from eoguard.store.scripts import Scripts
+from tests.conftest import free_port
+from tests.dedup_kit import NEW, claim_of
 from tests.integration.test_outbox_store import record
 
 pytestmark = pytest.mark.integration
@@ -86,3 +91,39 @@ def _replica_of(master: str) -> redis.Redis:
     info = client.info("replication")
     client.close()
     return redis.Redis(host=info["slave0"]["ip"], port=int(info["slave0"]["port"]))
+
+
+def test_calls_in_flight_wait_on_their_own_connection(private_redis, tmp_path) -> None:
+    # A single node with a replica: the consumer's round trips sent ahead (InFlight) end with
+    # WAIT on the connection that carried them, read with their replies.
+    replica = RedisServer(tmp_path / "replica", port=free_port())
+    replica.start()
+    client = redis.Redis.from_url(private_redis.address)
+    try:
+        link = replica.client(timeout_s=2.0)
+        link.replicaof("127.0.0.1", private_redis.port)
+        deadline = time.monotonic() + 15
+        while link.info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "the replica never synced"
+            time.sleep(0.05)
+        link.close()
+        store = DedupStore(client, scope="app", keys=KeySpace(prefix="inflight"),
+                           wait=ReplicaWait(replicas=1, timeout_ms=2000))
+        token = store.new_token()
+        claims = [claim_of(store, f"w-{i}", i) for i in range(10)]
+        [report] = store.send([store.prepare_claim(token, claims)]).wait()
+        assert [o.result for o in report.outcomes(claims)] == [NEW] * 10
+        on_replica = replica.client(timeout_s=2.0)
+        assert on_replica.exists(*(c.key for c in claims)) == 10  # WAIT said so: it is there
+        on_replica.close()
+        os.kill(replica.pid() or 0, signal.SIGSTOP)  # no acknowledgement in time now
+        store_fast = DedupStore(client, scope="app", keys=KeySpace(prefix="inflight"),
+                                wait=ReplicaWait(replicas=1, timeout_ms=100))
+        flight = store_fast.send([store_fast.prepare_done(token, claims)])
+        with pytest.raises(ReplicationTimeoutError, match="0 of 1 replicas"):
+            flight.wait()
+        assert client.ping()  # the connection's replies were all read: the pool is clean
+    finally:
+        os.kill(replica.pid() or 0, signal.SIGCONT)
+        client.close()
+        replica.stop()
