@@ -57,7 +57,7 @@ def single_stack(request: pytest.FixtureRequest, local_stack: LocalStack) -> Ite
 @pytest.fixture(scope="session")
 def cluster_stack() -> Iterator[Endpoints]:
     """The cluster topology (three Kafka nodes, a Redis Cluster of 3 masters + 3 replicas),
-    started on first use (~45 s) and stopped at the end; EOGUARD_CLUSTER_KAFKA_BOOTSTRAP /
+    started on first use (~30 s) and stopped at the end; EOGUARD_CLUSTER_KAFKA_BOOTSTRAP /
     EOGUARD_CLUSTER_REDIS_URL name running ones instead."""
     cluster = LocalStack(topology="cluster")
     ends, started = cluster.up()

@@ -35,7 +35,7 @@ def _local() -> LocalStack:
 def up(cli: CliContext) -> None:
     """Start Kafka and Redis unless they already run (idempotent); print their endpoints."""
     local = _local()
-    with render.err_console().status("starting the local stack (Kafka: ~20 s; cluster: ~45 s)...") as status:
+    with render.err_console().status("starting the local stack (Kafka: ~20 s; cluster: ~30 s)...") as status:
         if cli.as_json:
             status.stop()
         ends, started = local.up()
