@@ -45,10 +45,18 @@ class ServiceGroup(abc.ABC):
         """Launch every member not running, wait for each; False if the cluster already ran."""
         if self.is_ready():
             return False
-        launched = [node for node in self.nodes if node.launch()]
-        for node in launched:
-            node.wait_ready()
-        self.joined()
+        launched: list[ManagedProcess] = []
+        try:
+            for node in self.nodes:
+                if node.launch():
+                    launched.append(node)
+            for node in launched:
+                node.wait_ready()
+            self.joined()
+        except BaseException:
+            for node in launched:  # a half-started cluster is stopped, not left behind
+                node.stop()
+            raise
         return True
 
     def pid(self) -> int | None:

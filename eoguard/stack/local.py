@@ -85,10 +85,15 @@ class LocalStack:
         """Start what is not already running; return the endpoints and the services started."""
         ends = self.endpoints()
         started: list[str] = []
-        if ends.redis_managed and self.redis.start():
-            started.append("redis")
-        if ends.kafka_managed and self.kafka.start():
-            started.append("kafka")
+        try:
+            if ends.redis_managed and self.redis.start():
+                started.append("redis")
+            if ends.kafka_managed and self.kafka.start():
+                started.append("kafka")
+        except BaseException:
+            if started:
+                self.down(started)  # what this call started goes down with it
+            raise
         return ends, started
 
     def down(self, services: list[str] | None = None, *, clean: bool = False) -> None:
