@@ -15,8 +15,9 @@ from eoguard.codec.rules import InputLimits
 from eoguard.errors import ConfigError
 from eoguard.modes import KeepUntil, PersistenceMode
 from eoguard.redaction import redact, redact_url
-from eoguard.store.client import RedisClient
+from eoguard.store.client import RedisClient, connect
 from eoguard.store.keys import KeySpace
+from eoguard.store.replicas import ReplicaWait
 
 __all__ = [
     "ConsumerConfig",
@@ -62,6 +63,11 @@ class RedisConfig:
     ``username``/``password`` (Redis ACL) and ``options`` (``ssl_ca_certs``, ``ssl_certfile``,
     ``ssl_keyfile``, ``ssl_cert_reqs``, ``retry``, ...) go straight to redis-py. Use a
     ``rediss://`` URL for TLS. An injected client must use ``decode_responses=False``.
+    The same URL serves a single node and a Redis Cluster (any node of it): ``cluster=None``
+    asks the server which it is; True or False says so where the server may not be asked.
+    ``durability="replicated"`` waits (WAIT) until a replica holds each round trip's writes,
+    up to ``replica_timeout_s``, before a guarantee or an offset commit rests on them; it is
+    refused at start where a master has no replica (docs/design.md §4).
     """
 
     url: str | None = None
@@ -71,8 +77,14 @@ class RedisConfig:
     options: Mapping[str, Any] = field(default_factory=dict, repr=False)
     socket_timeout_s: float = 5.0
     connect_timeout_s: float = 2.0
+    cluster: bool | None = None
+    durability: str = "local"
+    replica_timeout_s: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.durability not in ("local", "replicated"):
+            raise ConfigError(f"durability must be 'local' or 'replicated', got {self.durability!r}")
+        _positive("replica_timeout_s", self.replica_timeout_s)
         if (self.url is None) == (self.client is None):
             raise ConfigError("RedisConfig needs exactly one of url= or client=")
         if self.url is not None and not self.url.startswith(("redis://", "rediss://", "unix://")):
@@ -88,14 +100,20 @@ class RedisConfig:
     def __repr__(self) -> str:
         target = "client=<injected>" if self.client is not None else f"url={_redact_url(self.url)!r}"
         return (f"RedisConfig({target}, username={self.username!r}, "
-                f"password={'***' if self.password else None}, options={redact(self.options)!r})")
+                f"password={'***' if self.password else None}, options={redact(self.options)!r}, "
+                f"cluster={self.cluster!r}, durability={self.durability!r})")
+
+    def replica_wait(self) -> ReplicaWait | None:
+        """What each round trip waits for under replicated durability; None: local."""
+        if self.durability == "local":
+            return None
+        return ReplicaWait(replicas=1, timeout_ms=int(self.replica_timeout_s * 1000))
 
     def connect(self) -> RedisClient:
-        """The injected client, or a new redis-py client for ``url``."""
+        """The injected client, or a new redis-py client for ``url`` (``Redis`` or
+        ``RedisCluster``, :func:`eoguard.store.client.connect`)."""
         if self.client is not None:
             return self.client
-        import redis  # noqa: PLC0415 - only a URL config needs redis-py's constructor
-
         kwargs: dict[str, Any] = {
             "socket_timeout": self.socket_timeout_s,
             "socket_connect_timeout": self.connect_timeout_s,
@@ -108,7 +126,7 @@ class RedisConfig:
             kwargs["password"] = self.password
         assert self.url is not None
         try:
-            client: RedisClient = redis.Redis.from_url(self.url, **kwargs)
+            client = connect(self.url, cluster=self.cluster, **kwargs)
         except (ValueError, TypeError) as exc:
             # redis-py's message may quote part of the password: name the URL, redacted, instead.
             raise ConfigError(f"invalid Redis URL {redact_url(self.url)} ({type(exc).__name__})") from None

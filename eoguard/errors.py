@@ -18,7 +18,9 @@ root, three groups say what to do: fix the input, retry later, or re-read the st
     │       └── InvalidEnvelopeError    decoded, but breaks an input rule (id, expiry, size)
     ├── UnavailableError            a service failed or cannot be reached: retry later, with backoff
     │   ├── StoreError              Redis refused or failed an operation
-    │   │   └── StoreUnavailableError   Redis cannot be reached (connection, timeout, auth)
+    │   │   ├── StoreUnavailableError   Redis cannot be reached (connection, timeout, auth)
+    │   │   ├── StoreOutOfMemoryError   Redis is full (maxmemory under noeviction): OOM
+    │   │   └── ReplicationTimeoutError no replica acknowledged the writes in time (WAIT)
     │   ├── BrokerError             Kafka refused or failed an operation
     │   │   └── BrokerUnavailableError  Kafka cannot be reached within the timeout
     │   ├── DeadLetterError         a record could not be routed to the dead-letter topic
@@ -116,6 +118,16 @@ class StoreError(UnavailableError):
 
 class StoreUnavailableError(StoreError):
     """Redis cannot be reached: connection refused, timeout or authentication."""
+
+
+class StoreOutOfMemoryError(StoreError):
+    """Redis is full: maxmemory reached under ``noeviction`` refuses writes (an ``OOM`` reply)
+    until keys expire or memory is added; retry later, nothing was written."""
+
+
+class ReplicationTimeoutError(StoreError):
+    """``durability="replicated"``: fewer replicas than asked acknowledged a round trip's
+    writes within the timeout (WAIT); nothing is guaranteed on them, retry."""
 
 
 class BrokerError(UnavailableError):

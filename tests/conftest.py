@@ -22,6 +22,7 @@ from eoguard.errors import StackError
 from eoguard.stack import Endpoints, LocalStack, create_topics, spark_jars
 from eoguard.stack.kafka_broker import KafkaBroker, broker_answers
 from eoguard.stack.redis_server import RedisServer
+from eoguard.store.client import connect
 from tests.redis_kit import acl_user
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ def local_stack() -> LocalStack:
 
 
 @pytest.fixture(scope="session")
-def stack(request: pytest.FixtureRequest, local_stack: LocalStack) -> Iterator[Endpoints]:
+def single_stack(request: pytest.FixtureRequest, local_stack: LocalStack) -> Iterator[Endpoints]:
     """Endpoints of a running Kafka and Redis; fails loudly when they cannot be started."""
     if request.config.getoption("--docker"):
         yield request.getfixturevalue("docker_stack")
@@ -51,6 +52,39 @@ def stack(request: pytest.FixtureRequest, local_stack: LocalStack) -> Iterator[E
     yield ends
     if started and not os.environ.get("EOGUARD_KEEP_STACK"):
         local_stack.down(started)
+
+
+@pytest.fixture(scope="session")
+def cluster_stack() -> Iterator[Endpoints]:
+    """The cluster topology (three Kafka nodes, a Redis Cluster of 3 masters + 3 replicas),
+    started on first use (~30 s) and stopped at the end; EOGUARD_CLUSTER_KAFKA_BOOTSTRAP /
+    EOGUARD_CLUSTER_REDIS_URL name running ones instead."""
+    cluster = LocalStack(topology="cluster")
+    ends, started = cluster.up()
+    yield ends
+    if started and not os.environ.get("EOGUARD_KEEP_STACK"):
+        cluster.down(started)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked ``cluster`` runs twice: on the single-node stack and on the cluster
+    (``cluster(only=True)``: on the cluster alone)."""
+    marker = metafunc.definition.get_closest_marker("cluster")
+    if marker is not None:
+        params = ["cluster"] if marker.kwargs.get("only") else ["single", "cluster"]
+        metafunc.parametrize("topology", params, indirect=True)
+
+
+@pytest.fixture
+def topology(request: pytest.FixtureRequest) -> str:
+    """``single``, or ``cluster`` in the cluster run of a test marked ``cluster``."""
+    return str(getattr(request, "param", "single"))
+
+
+@pytest.fixture
+def stack(request: pytest.FixtureRequest, topology: str) -> Endpoints:
+    """The endpoints of this test's topology (see :func:`topology`)."""
+    return request.getfixturevalue("cluster_stack" if topology == "cluster" else "single_stack")
 
 
 @pytest.fixture(scope="session")
@@ -67,20 +101,21 @@ def docker_stack(docker_ip: str, docker_services) -> Endpoints:  # type: ignore[
                      redis_managed=False)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def kafka_bootstrap(stack: Endpoints) -> str:
     return stack.kafka_bootstrap
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def redis_url(stack: Endpoints) -> str:
     return stack.redis_url
 
 
 @pytest.fixture
 def redis_client(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
+    """A client of the test's Redis: a ``RedisCluster`` on the cluster topology."""
+    client = connect(redis_url)
+    yield client  # type: ignore[misc]  # a RedisCluster answers the same keyed commands
     client.close()
 
 

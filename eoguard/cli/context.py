@@ -23,6 +23,7 @@ import redis
 from eoguard.envelope import canonical_id
 from eoguard.errors import EoguardError, InvalidInputError, StoreUnavailableError
 from eoguard.redaction import redact_url
+from eoguard.store.client import connect
 from eoguard.store.keys import DEFAULT_SHARDS, KeySpace
 from eoguard.store.layout import recorded_shards
 
@@ -107,8 +108,10 @@ class CliContext:
         """A connected client (pinged once, so an unreachable Redis fails here, cleanly)."""
         if self._client is None:
             try:
-                client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=3.0,
-                                              socket_timeout=30.0)
+                # A Redis Cluster answers the same commands (RedisCluster routes them by key,
+                # SCAN goes to every master through eoguard.store.scan).
+                client = cast("redis.Redis[bytes]", connect(
+                    self.redis_url, socket_connect_timeout=3.0, socket_timeout=30.0))
             except ValueError as exc:
                 raise BadInputError(
                     # redis-py's message may quote part of the password: not shown.

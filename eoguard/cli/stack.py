@@ -8,15 +8,25 @@ from eoguard.cli import render
 from eoguard.cli.context import CliContext, json_option, pass_cli
 from eoguard.redaction import redact_url
 from eoguard.stack import LocalStack
+from eoguard.stack.local import TOPOLOGIES
 
 
 @click.group()
-def stack() -> None:
-    """The local stack: one Kafka (KRaft) and one Redis (AOF), for the demo and the tests.
+@click.option("--topology", type=click.Choice(TOPOLOGIES), default=None,
+              help="single (default, or EOGUARD_TOPOLOGY): one Kafka, one Redis; cluster: three "
+                   "Kafka nodes and a Redis Cluster of three masters with a replica each.")
+@click.pass_context
+def stack(ctx: click.Context, topology: str | None) -> None:
+    """The local stack: Kafka (KRaft) and Redis (AOF), for the demo and the tests.
 
-    EOGUARD_KAFKA_BOOTSTRAP / EOGUARD_REDIS_URL name services to reuse instead; the stack
-    then starts and stops nothing of its own for them.
+    EOGUARD_KAFKA_BOOTSTRAP / EOGUARD_REDIS_URL (EOGUARD_CLUSTER_... for --topology cluster)
+    name services to reuse instead; the stack then starts and stops nothing of its own for them.
     """
+    ctx.meta["eoguard.topology"] = topology
+
+
+def _local() -> LocalStack:
+    return LocalStack(topology=click.get_current_context().meta.get("eoguard.topology"))
 
 
 @stack.command()
@@ -24,8 +34,8 @@ def stack() -> None:
 @pass_cli
 def up(cli: CliContext) -> None:
     """Start Kafka and Redis unless they already run (idempotent); print their endpoints."""
-    local = LocalStack()
-    with render.err_console().status("starting the local stack (Kafka can take ~20 s)...") as status:
+    local = _local()
+    with render.err_console().status("starting the local stack (Kafka: ~20 s; cluster: ~30 s)...") as status:
         if cli.as_json:
             status.stop()
         ends, started = local.up()
@@ -47,7 +57,7 @@ def up(cli: CliContext) -> None:
 @pass_cli
 def down(cli: CliContext, *, clean: bool, yes: bool, dry_run: bool) -> None:
     """Stop the Kafka and Redis this stack started (services named by env vars are left alone)."""
-    local = LocalStack()
+    local = _local()
     ends = local.endpoints()
     managed = [name for name, owned in (("kafka", ends.kafka_managed), ("redis", ends.redis_managed))
                if owned]
@@ -67,7 +77,7 @@ def down(cli: CliContext, *, clean: bool, yes: bool, dry_run: bool) -> None:
 @pass_cli
 def stack_status(cli: CliContext) -> None:
     """Address, pid and readiness of each service (managed = started by this stack)."""
-    services = LocalStack().status()
+    services = _local().status()
     rows = [[name, s["address"], s["managed"], str(s["pid"] or "-"), s["ready"], s["log"]]
             for name, s in services.items()]
     render.show(cli, services,

@@ -20,6 +20,7 @@ from eoguard.store.layout import recorded_layout
 from eoguard.store.liveness import Liveness
 from eoguard.store.outbox import RecordState
 from eoguard.store.outbox_admin import RecordSummary, read_records
+from eoguard.store.scan import scan_pages
 
 HELP = """Overall state: outbox records by topic and state (pending / published), the oldest
 pending record's age, records past their resend time; per dedup scope, claim keys by their id's
@@ -140,14 +141,10 @@ def scan_prefix(cli: CliContext, count: int) -> Iterator[ScanBatch]:
     client, keys = cli.client(), cli.keys
     patterns = (keys.outbox_record_pattern(), keys.dedup_pattern(), keys.dedup_batch_pattern(),
                 keys.legacy_dedup_pattern())
-    cursor: Any = 0
-    while True:
-        cursor, names = client.scan(cursor, match=keys.pattern(), count=count)
+    for names in scan_pages(client, keys.pattern(), count=count, doing="scanning the prefix"):
         text = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
         records, claims, batches, legacy = ([n for n in text if fnmatchcase(n, p)] for p in patterns)
         yield ScanBatch(text, records, claims, batches, len(legacy))
-        if int(cursor) == 0:
-            return
 
 
 def collect(cli: CliContext, *, scope: str | None, count: int, memory: bool) -> dict[str, Any]:

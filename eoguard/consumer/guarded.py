@@ -92,10 +92,13 @@ class GuardedConsumer:
         self.config = config
         self._owns_redis = redis is None and config.redis.client is None  # closed at close()
         self._redis = redis if redis is not None else config.redis.connect()
-        check_layout(self._redis, config.keyspace)  # a mismatched shard count would re-handle
+        wait = config.redis.replica_wait()  # replicated: done marks on a replica before commits
+        # A mismatched shard count would re-handle; so would a done mark lost in a failover.
+        check_layout(self._redis, config.keyspace, replicas=wait.replicas if wait else 0)
         self._lease_ms = int(config.lease_s * 1000)
         self._dedup = DedupStore(self._redis, scope=config.scope, keys=config.keyspace,
-                                 lease_ms=self._lease_ms, grace_ms=int(config.grace_s * 1000))
+                                 lease_ms=self._lease_ms, grace_ms=int(config.grace_s * 1000),
+                                 wait=wait)
         self._liveness = Liveness(self._redis, config.keyspace, role="consumers")
         self._outbox = Outbox(self._redis, config.keyspace) if config.ack_outbox else None
         self._sink = DeliverySink(config.producer_kafka_config())

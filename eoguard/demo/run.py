@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import redis
 
@@ -29,6 +30,7 @@ from eoguard.demo.report import DemoReport, check, scope_result
 from eoguard.errors import BrokerError, DemoError
 from eoguard.stack import Endpoints, LocalStack, create_topics
 from eoguard.stack.paths import repo_root
+from eoguard.store.client import connect
 from eoguard.store.keys import KeySpace
 
 PRODUCER_LEASE_S = 1.0
@@ -117,7 +119,7 @@ class Demo:
             self.event(f"started the local stack: {', '.join(up)}")
         self.run_dir.create()
         self._create_topics(ends.kafka_bootstrap)
-        client: redis.Redis[bytes] = redis.Redis.from_url(ends.redis_url)
+        client = cast("redis.Redis[bytes]", connect(ends.redis_url))  # or a RedisCluster
         self.event(f"topic {n.topic} ({o.partitions} partitions), Redis prefix {n.prefix}")
         # Steps 2 and 3.
         ledgers, injected = self._produce(ends, client, deadline)

@@ -90,7 +90,9 @@ class GuardedProducer:
                                max_bytes=config.max_queue_bytes)
         self._redis = config.redis.connect()
         self._kafka = KafkaProducer(config.kafka_config())
-        scripts = Scripts(self._redis)
+        # Replicated durability: outbox writes on a replica before on_guaranteed fires.
+        wait = config.redis.replica_wait()
+        scripts = Scripts(self._redis, wait=wait)
         self._outbox = Outbox(self._redis, config.keyspace, scripts=scripts)
         self._liveness = Liveness(self._redis, config.keyspace, scripts=scripts)
         reports: collections.deque[tuple[Any, Any, Any]] = collections.deque()
@@ -105,7 +107,7 @@ class GuardedProducer:
                                       liveness=self._liveness, recovery=self._recovery,
                                       dispatcher=self._dispatcher, reports=reports)
         try:
-            check_layout(self._redis, config.keyspace)
+            check_layout(self._redis, config.keyspace, replicas=wait.replicas if wait else 0)
             # Register before writing any record: a recovering producer treats records of an
             # owner it does not see live (and older than its read) as abandoned.
             beat = self._liveness.heartbeat(self.instance_id, int(config.lease_s * 1000))

@@ -9,6 +9,7 @@ import sys
 from eoguard.errors import StackError
 from eoguard.redaction import redact_url
 from eoguard.stack import LocalStack, resolve
+from eoguard.stack.local import TOPOLOGIES
 from eoguard.stack.redis_server import ensure_redis_server
 
 
@@ -16,9 +17,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eoguard.stack")
     parser.add_argument("action", choices=["up", "down", "status", "install"])
     parser.add_argument("--clean", action="store_true", help="with down: delete the data too")
+    parser.add_argument("--topology", choices=TOPOLOGIES, default=None,
+                        help="single (default, or EOGUARD_TOPOLOGY) or cluster: 3 Kafka nodes, "
+                             "a Redis Cluster of 3 masters and 3 replicas")
     args = parser.parse_args(argv)
-    stack = LocalStack()
     try:
+        stack = LocalStack(topology=args.topology)
         if args.action == "up":
             ends, started = stack.up()
             shown = {**ends.as_env(), "EOGUARD_REDIS_URL": redact_url(ends.redis_url)}

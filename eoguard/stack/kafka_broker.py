@@ -30,6 +30,11 @@ logger.started.name = kafka.server.KafkaRaftServer
 logger.started.level = info
 """
 
+# Three nodes share two cores with Redis and the tests: fewer threads each, and a replica that
+# lags 10 s (not 30) leaves the ISR, so acks=all moves on quickly after a node dies.
+_SMALL_NODE = ["num.network.threads=2", "num.io.threads=2", "background.threads=2",
+               "replica.lag.time.max.ms=10000"]
+
 # librdkafka logs every refused connection while the broker boots; readiness probes stay quiet.
 _QUIET = logging.getLogger("eoguard.stack.probe")
 _QUIET.addHandler(logging.NullHandler())
@@ -42,11 +47,18 @@ class KafkaBroker(ManagedProcess):
     name = "kafka"
 
     def __init__(self, workdir: Path, *, port: int = 19092, controller_port: int = 19093,
-                 ready_timeout_s: float = 90.0, heap: str = "768m") -> None:
+                 ready_timeout_s: float = 90.0, heap: str = "768m", node_id: int = 1,
+                 voters: str | None = None, cluster_id: str | None = None,
+                 replicas: int = 1) -> None:
         super().__init__(workdir, ready_timeout_s=ready_timeout_s)
         self.port = port
         self.controller_port = controller_port
-        self.heap = heap
+        self.heap = heap  # the JVM's -Xmx
+        self.node_id = node_id
+        # A cluster's members share the voter list and the cluster id (KafkaCluster sets them).
+        self.voters = voters or f"{node_id}@127.0.0.1:{controller_port}"
+        self.cluster_id = cluster_id
+        self.replicas = replicas  # replication factor of new topics and the internal topics
 
     @property
     def address(self) -> str:
@@ -59,8 +71,8 @@ class KafkaBroker(ManagedProcess):
     def _properties(self) -> str:
         return "\n".join([
             "process.roles=broker,controller",
-            "node.id=1",
-            f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
+            f"node.id={self.node_id}",
+            f"controller.quorum.voters={self.voters}",
             f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
             f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
             "controller.listener.names=CONTROLLER",
@@ -68,10 +80,13 @@ class KafkaBroker(ManagedProcess):
             "inter.broker.listener.name=PLAINTEXT",
             f"log.dirs={self._data_dir}",
             "num.partitions=4",
-            "offsets.topic.replication.factor=1",
+            f"default.replication.factor={self.replicas}",
+            f"min.insync.replicas={min(2, self.replicas)}",
+            f"offsets.topic.replication.factor={self.replicas}",
             "offsets.topic.num.partitions=8",
-            "transaction.state.log.replication.factor=1",
-            "transaction.state.log.min.isr=1",
+            f"transaction.state.log.replication.factor={self.replicas}",
+            f"transaction.state.log.min.isr={min(2, self.replicas)}",
+            *(_SMALL_NODE if self.replicas > 1 else []),
             "group.initial.rebalance.delay.ms=0",
             "auto.create.topics.enable=true",
             "log.retention.hours=24",
@@ -93,7 +108,7 @@ class KafkaBroker(ManagedProcess):
         (self.workdir / "log4j2.properties").write_text(_LOG4J2)
         if (self._data_dir / "meta.properties").is_file():
             return  # formatted by an earlier start: keep the log (a restart is not a reset)
-        cluster_id = uuid.uuid4().hex[:22]
+        cluster_id = self.cluster_id or uuid.uuid4().hex[:22]
         done = subprocess.run(
             [self._java(), "-cp", self._classpath(), "kafka.tools.StorageTool", "format",
              "-t", cluster_id, "-c", str(props)],
@@ -104,7 +119,7 @@ class KafkaBroker(ManagedProcess):
 
     def command(self) -> list[str]:
         return [
-            self._java(), "-Xms256m", f"-Xmx{self.heap}", "-XX:+UseG1GC",
+            self._java(), "-Xms128m", f"-Xmx{self.heap}", "-XX:+UseG1GC",
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
             "-cp", self._classpath(), "kafka.Kafka", str(self.workdir / "server.properties"),

@@ -6,6 +6,7 @@ import abc
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -69,6 +70,17 @@ class ManagedProcess(abc.ABC):
 
     def start(self) -> bool:
         """Start the service and wait until it is ready; return False if it already ran."""
+        if not self.launch():
+            return False
+        self.wait_ready()
+        return True
+
+    def launch(self) -> bool:
+        """Start the process without waiting for it; False if it already answers.
+
+        A member of a cluster is launched with its peers first and waited on after
+        (:meth:`wait_ready`): a KRaft node is not ready before a quorum of voters runs.
+        """
         if self.is_ready():
             # Ours from an earlier start, or another stack's on the same port: either way it
             # answers, and we did not start it now, so we will not stop it either.
@@ -82,6 +94,12 @@ class ManagedProcess(abc.ABC):
             )
         self._child = proc
         self._pid_path.write_text(str(proc.pid))
+        return True
+
+    def wait_ready(self) -> None:
+        """Wait until the launched process is ready; kill it and raise StackError if it never is."""
+        proc = self._child
+        assert proc is not None, "wait_ready() follows a launch() that started the process"
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -91,12 +109,20 @@ class ManagedProcess(abc.ABC):
                     f"its log is {self.log_path}"
                 )
             if self.is_ready():
-                return True
+                return
             time.sleep(0.2)
         self.kill()
         raise StackError(
             f"{self.name} was not ready after {self.ready_timeout_s:.0f}s; its log is {self.log_path}"
         )
+
+    def detach(self) -> None:
+        """Leave the started process to run past this object (a test restarting a member of
+        a stack it does not own): its pid file still names it, so the stack stops it; a
+        daemon thread reaps it when it exits."""
+        child, self._child = self._child, None
+        if child is not None:
+            threading.Thread(target=child.wait, name=f"reap-{self.name}", daemon=True).start()
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` (SIGKILL by default: a crash) and wait until the process is gone."""

@@ -44,9 +44,12 @@ class RedisServer(ManagedProcess):
 
     name = "redis"
 
-    def __init__(self, workdir: Path, *, port: int = 16379, ready_timeout_s: float = 30.0) -> None:
+    def __init__(self, workdir: Path, *, port: int = 16379, ready_timeout_s: float = 30.0,
+                 cluster_node_timeout_ms: int | None = None) -> None:
         super().__init__(workdir, ready_timeout_s=ready_timeout_s)
         self.port = port
+        # Set: a Redis Cluster node (its bus on port + 10000); RedisClusterNodes joins them.
+        self.cluster_node_timeout_ms = cluster_node_timeout_ms
 
     @property
     def address(self) -> str:
@@ -62,17 +65,31 @@ class RedisServer(ManagedProcess):
             "appendonly yes",
             "appendfsync always",
             "protected-mode yes",
+            *self._cluster_lines(),
             "",
         ])
         (self.workdir / "redis.conf").write_text(conf)
 
+    def _cluster_lines(self) -> list[str]:
+        if self.cluster_node_timeout_ms is None:
+            return []
+        # No 5 s wait before a full resync: a replica restarted after a failover is in sync
+        # (and may take over again) within a second, not six.
+        return ["cluster-enabled yes", "cluster-config-file nodes.conf",
+                f"cluster-node-timeout {self.cluster_node_timeout_ms}",
+                "repl-diskless-sync-delay 0"]
+
     def command(self) -> list[str]:
         return [ensure_redis_server(), str(self.workdir / "redis.conf")]
 
-    def is_ready(self) -> bool:
+    def client(self, timeout_s: float = 0.5) -> redis.Redis[bytes]:
+        """A client of this node alone that fails at once (no retries) when it is down."""
         # No retries: redis-py's default retry policy spends ~3.7 s on one refused connection.
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5,
-                             socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=timeout_s,
+                           socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0))
+
+    def is_ready(self) -> bool:
+        client = self.client()
         try:
             return bool(client.ping())
         except redis.RedisError:

@@ -13,13 +13,16 @@ from eoguard.errors import BrokerError
 
 def create_topics(bootstrap: str, partitions: Mapping[str, int], *,
                   timeout_s: float = 30.0) -> None:
-    """Create each topic with its partition count (replication factor 1) and wait for it.
+    """Create each topic with its partition count and wait for it.
+
+    The replication factor and ``min.insync.replicas`` are the broker's defaults: 1 on the
+    single-node stack, 3 and 2 on the cluster topology.
 
     Raises :class:`BrokerError` naming the topic that could not be created; a topic that
     already exists is an error too (every caller creates fresh, uniquely named topics).
     """
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
-    futures = admin.create_topics([NewTopic(name, num_partitions=count, replication_factor=1)
+    futures = admin.create_topics([NewTopic(name, num_partitions=count, replication_factor=-1)
                                    for name, count in partitions.items()])
     for name, future in futures.items():
         try:

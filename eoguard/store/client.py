@@ -1,16 +1,19 @@
-"""The Redis client eoguard consumes: a Protocol, so users may inject their own.
+"""The Redis client eoguard consumes: a Protocol, so users may inject their own; and
+:func:`connect`, the one place eoguard builds a client from a URL.
 
-A redis-py ``Redis`` (TLS, ACL user, sentinel-managed) satisfies it. It must return bytes
-(``decode_responses=False``): outbox records hold binary Avro values.
+A redis-py ``Redis`` (TLS, ACL user, sentinel-managed) or ``RedisCluster`` satisfies it. It
+must return bytes (``decode_responses=False``): outbox records hold binary Avro values.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import OutOfMemoryError  # type: ignore[attr-defined]  # stubs predate it
 
-from eoguard.errors import StoreError, StoreUnavailableError
+from eoguard.errors import StoreError, StoreOutOfMemoryError, StoreUnavailableError
 
 
 class RedisClient(Protocol):
@@ -30,8 +33,61 @@ def wrap_redis_error(exc: Exception, doing: str) -> StoreError:
     """The eoguard error for a redis-py exception; raise it ``from exc``.
 
     Connection, timeout, authentication and "loading the AOF" errors mean Redis cannot be
-    used right now (:class:`StoreUnavailableError`); anything else is a refusal.
+    used right now (:class:`StoreUnavailableError`); a full Redis (``OOM``, maxmemory reached
+    under noeviction, also when a script's write hits it) is :class:`StoreOutOfMemoryError`;
+    anything else is a refusal.
     """
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
         return StoreUnavailableError(f"Redis is unreachable while {doing}: {exc}")
+    if isinstance(exc, OutOfMemoryError) or "OOM command not allowed" in str(exc):
+        return StoreOutOfMemoryError(f"Redis is out of memory (maxmemory) while {doing}: {exc}")
     return StoreError(f"Redis refused {doing}: {exc}")
+
+
+def connect(url: str, *, cluster: bool | None = None, **options: Any) -> RedisClient:
+    """A redis-py client for ``url``: a ``RedisCluster`` when the server runs in cluster mode.
+
+    ``cluster=None`` asks the server (``INFO cluster``, one round trip on the connection the
+    single-node client then keeps); True or False skips the question. ``options`` go to
+    redis-py (timeouts, ``username``, ``password``, TLS). Raises ``ValueError``/``TypeError``
+    for a bad URL, :class:`StoreUnavailableError` when the question gets no answer.
+    """
+    if not cluster:
+        client: redis.Redis[bytes] = redis.Redis.from_url(url, **options)
+        if cluster is False or not cluster_mode(client):
+            return client
+        client.close()
+    # The stubs of types-redis lack RedisCluster.script_load; redis-py has it (all primaries).
+    return cast("RedisClient", RedisCluster.from_url(url, **options))
+
+
+def cluster_mode(client: RedisClient) -> bool:
+    """Whether the server behind a single-node client runs in cluster mode.
+
+    ``INFO cluster`` says so; where an ACL refuses INFO, ``CLUSTER INFO`` does (a server
+    without cluster support refuses it). Neither allowed: False, and scripts over several
+    slots would fail CROSSSLOT; then pass ``RedisConfig(cluster=True)``.
+    """
+    for ask in (_info_cluster, _cluster_info):
+        pipe = client.pipeline(transaction=False)
+        ask(pipe)
+        try:
+            [reply] = pipe.execute()
+        except redis.ResponseError as exc:
+            if "cluster support disabled" in str(exc):
+                return False
+            continue
+        except redis.RedisError as exc:
+            raise wrap_redis_error(exc, "asking whether Redis runs in cluster mode") from exc
+        if isinstance(reply, dict):
+            return bool(int(reply.get("cluster_enabled", 0)))
+        return True  # CLUSTER INFO answered: cluster mode
+    return False
+
+
+def _info_cluster(pipe: Any) -> None:
+    pipe.info("cluster")
+
+
+def _cluster_info(pipe: Any) -> None:
+    pipe.execute_command("CLUSTER INFO")

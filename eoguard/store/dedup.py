@@ -44,6 +44,7 @@ from eoguard.store.dedup_types import (
     position,
 )
 from eoguard.store.keys import KeySpace
+from eoguard.store.replicas import ReplicaWait
 from eoguard.store.scripts import InFlight, Prepared, ScriptArg, ScriptCall, Scripts
 
 __all__ = [
@@ -86,7 +87,8 @@ class DedupStore:
     """Claims, done marks, leases and releases of one consumer scope."""
 
     def __init__(self, client: RedisClient, *, scope: str, keys: KeySpace | None = None,
-                 lease_ms: int = 30_000, grace_ms: int = 60_000) -> None:
+                 lease_ms: int = 30_000, grace_ms: int = 60_000,
+                 wait: ReplicaWait | None = None) -> None:
         if not scope or any(c in scope for c in "|{}"):
             raise StoreError(f"scope {scope!r} must be non-empty, without '|', '{{', '}}'")
         self.client = client
@@ -94,7 +96,7 @@ class DedupStore:
         self.keys = keys or KeySpace()
         self.lease_ms = lease_ms
         self.grace_ms = grace_ms
-        self._scripts = Scripts(client)
+        self._scripts = Scripts(client, wait=wait)  # wait: replicated durability
         # A script may touch keys of several hash slots on a single node, not on a cluster.
         self._shards = ScopeShards(self.keys, scope, one_call=not isinstance(client, RedisCluster))
         self._key_prefixes = self._shards.key_prefixes

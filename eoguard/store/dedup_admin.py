@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import redis
-
-from eoguard.store.client import RedisClient, wrap_redis_error
+from eoguard.store.client import RedisClient
 from eoguard.store.dedup_types import BatchRecord, DedupEntry
 from eoguard.store.keys import KeySpace
+from eoguard.store.scan import scan_pages
 from eoguard.store.scripts import Scripts
 
 __all__ = ["count_keys", "read_entries", "read_records", "scan_batches", "scan_entries"]
@@ -26,7 +25,8 @@ def scan_entries(client: RedisClient, keys: KeySpace, *, scope: str | None = Non
     For the CLI: SCAN (never KEYS) by :meth:`KeySpace.dedup_pattern`, then
     :func:`read_entries` per batch. A key that expires in between is left out.
     """
-    for names in _scan(client, keys.dedup_pattern(scope), count, "scanning claim keys"):
+    for names in scan_pages(client, keys.dedup_pattern(scope), count=count,
+                            doing="scanning claim keys"):
         yield read_entries(client, keys, names)
 
 
@@ -34,7 +34,8 @@ def scan_batches(client: RedisClient, keys: KeySpace, *, scope: str | None = Non
                  count: int = 1000) -> Iterator[list[BatchRecord]]:
     """Every batch record of ``scope`` (or of all scopes), one list per SCAN call."""
     scripts = Scripts(client)
-    for names in _scan(client, keys.dedup_batch_pattern(scope), count, "scanning batch records"):
+    for names in scan_pages(client, keys.dedup_batch_pattern(scope), count=count,
+                            doing="scanning batch records"):
         texts = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
         yield [record for record in read_records(scripts, client, texts).values()
                if record is not None]
@@ -42,7 +43,8 @@ def scan_batches(client: RedisClient, keys: KeySpace, *, scope: str | None = Non
 
 def count_keys(client: RedisClient, pattern: str, *, count: int = 1000) -> int:
     """How many keys match ``pattern`` (SCAN, never KEYS): e.g. v1 dedup keys left."""
-    return sum(len(names) for names in _scan(client, pattern, count, "counting keys"))
+    return sum(len(names) for names in scan_pages(client, pattern, count=count,
+                                                      doing="counting keys"))
 
 
 def read_entries(client: RedisClient, keys: KeySpace, names: Sequence[str | bytes]
@@ -98,17 +100,3 @@ def read_records(scripts: Scripts, client: RedisClient, names: Sequence[str]
         out[name] = None if value is None else BatchRecord.parse(
             name, value.decode() if isinstance(value, bytes) else str(value), int(replies[2 * i + 1]))
     return out
-
-
-def _scan(client: RedisClient, pattern: str, count: int, doing: str) -> Iterator[list[Any]]:
-    """The names matching ``pattern``, ``count`` at a time (SCAN, every node of a cluster)."""
-    names: list[Any] = []
-    try:
-        for name in client.scan_iter(match=pattern, count=count):
-            names.append(name)
-            if len(names) >= count:
-                yield names
-                names = []
-    except redis.RedisError as exc:
-        raise wrap_redis_error(exc, doing) from exc
-    yield names

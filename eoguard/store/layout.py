@@ -26,9 +26,10 @@ import redis
 from redis.cluster import RedisCluster
 
 from eoguard.errors import ConfigError, StoreError
-from eoguard.store.client import RedisClient, wrap_redis_error
+from eoguard.store.client import RedisClient, cluster_mode, wrap_redis_error
 from eoguard.store.dedup_admin import count_keys
 from eoguard.store.keys import LAYOUT_VERSION, KeySpace
+from eoguard.store.replicas import check_replicas
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def recorded_shards(client: RedisClient, prefix: str) -> int | None:
     return None if layout is None else layout.shards
 
 
-def check_layout(client: RedisClient, keys: KeySpace) -> None:
+def check_layout(client: RedisClient, keys: KeySpace, *, replicas: int = 0) -> None:
     """Check at start that this process may use ``keys`` on this Redis; raise ConfigError if not.
 
     Steps:
@@ -77,13 +78,14 @@ def check_layout(client: RedisClient, keys: KeySpace) -> None:
     2. The server must run with ``maxmemory-policy noeviction`` (a warning when unreadable).
     3. Record the layout on first use; otherwise it must match ``keys`` (shards, max_ttl_ms),
        and a version 1 record is upgraded in place once no v1 dedup key is left.
+    4. Replicated durability: every master has ``replicas`` connected replicas.
     """
     # Step 1.
-    if not isinstance(client, RedisCluster) and _cluster_enabled(client):
+    if not isinstance(client, RedisCluster) and cluster_mode(client):
         # A single-node client sends one script call per batch over many hash slots: a
         # cluster answers CROSSSLOT to every one of them.
         raise ConfigError("this Redis runs in cluster mode: pass a redis.cluster.RedisCluster "
-                          "client (RedisConfig(client=...))")
+                          "client (RedisConfig(client=...)), or its URL (RedisConfig(url=...))")
     # Step 2.
     check_eviction_policy(client)
     # Step 3.
@@ -97,6 +99,9 @@ def check_layout(client: RedisClient, keys: KeySpace) -> None:
             f"key prefix {keys.prefix!r} is laid out with max_ttl_ms={layout.max_ttl_ms}, but "
             f"this process is configured with {keys.max_ttl_ms}; use "
             f"KeySpace(max_ttl_ms={layout.max_ttl_ms}) (or another prefix)")
+    # Step 4.
+    if replicas:
+        check_replicas(client, replicas)
 
 
 def _settle(client: RedisClient, keys: KeySpace) -> Layout:
@@ -210,18 +215,6 @@ def _per_node(reply: Any, field: str) -> list[dict[Any, Any]]:
             and all(isinstance(v, dict) for v in reply.values()):
         return cast("list[dict[Any, Any]]", list(reply.values()))
     return [reply] if isinstance(reply, dict) else []
-
-
-def _cluster_enabled(client: RedisClient) -> bool:
-    pipe = client.pipeline(transaction=False)
-    pipe.info("cluster")
-    try:
-        [info] = pipe.execute()
-    except redis.ResponseError:  # INFO refused (an ACL): the scripts would tell soon enough
-        return False
-    except redis.RedisError as exc:
-        raise wrap_redis_error(exc, "reading INFO cluster") from exc
-    return bool(int(info.get("cluster_enabled", 0)))
 
 
 def _text(value: Any) -> str:

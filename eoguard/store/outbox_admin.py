@@ -17,6 +17,7 @@ from eoguard.store.client import RedisClient
 from eoguard.store.keys import KeySpace
 from eoguard.store.outbox import RecordState
 from eoguard.store.outbox_types import parse_record
+from eoguard.store.scan import scan_pages
 from eoguard.store.scripts import ScriptCall, Scripts
 
 __all__ = ["IndexStats", "RecordSummary", "index_stats", "read_records", "scan_records", "sweep_index"]
@@ -59,15 +60,9 @@ def scan_records(client: RedisClient, keys: KeySpace, *, count: int = 1000
 
     A record that expires or is acknowledged between the SCAN and the read is left out.
     """
-    scripts = Scripts(client)
-    cursor: Any = 0
-    while True:
-        pipe: Any = client.pipeline(transaction=False)
-        pipe.scan(cursor, match=keys.outbox_record_pattern(), count=count)
-        cursor, names = scripts.execute(pipe, doing="scanning the outbox")[0]
+    for names in scan_pages(client, keys.outbox_record_pattern(), count=count,
+                            doing="scanning the outbox"):
         yield read_records(client, names)
-        if int(cursor) == 0:
-            return
 
 
 def read_records(client: RedisClient, names: Sequence[str | bytes]) -> list[RecordSummary]:

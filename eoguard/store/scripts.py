@@ -17,10 +17,12 @@ from importlib import resources
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import redis
+from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from eoguard.errors import StoreError
 from eoguard.store.client import RedisClient, wrap_redis_error
+from eoguard.store.replicas import ReplicaWait, add_waits, check_acks
 
 _hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
 try:
@@ -92,9 +94,15 @@ class Scripts:
 
     _MAX_RELOADS = 3
 
-    def __init__(self, client: RedisClient) -> None:
+    def __init__(self, client: RedisClient, *, wait: ReplicaWait | None = None) -> None:
         self._client = client
         self._loaded = False  # every script loaded by this instance since its last NOSCRIPT
+        self.wait = wait  # replicated durability: each round trip ends with WAIT (replicas.py)
+        self._cluster = client if isinstance(client, RedisCluster) else None
+
+    @property
+    def client(self) -> RedisClient:
+        return self._client
 
     def load_all(self) -> None:
         """Load every script of eoguard (one pipelined round trip).
@@ -106,7 +114,7 @@ class Scripts:
         before a send, only a server that lost them all (a restart, a failover, SCRIPT
         FLUSH) answers NOSCRIPT, and then to every call alike.
         """
-        if getattr(self._client, "connection_pool", None) is None:  # a cluster: to every primary
+        if self._cluster is not None:  # SCRIPT LOAD goes to every primary
             for name in all_scripts():
                 self._load(name)
         else:
@@ -137,8 +145,16 @@ class Scripts:
             pipe = self._client.pipeline(transaction=False)
             for i in todo:
                 call = calls[i]
-                pipe.evalsha(lua_script(call.script).sha, len(call.keys), *call.keys, *call.args)
+                pipe.execute_command("EVALSHA", lua_script(call.script).sha, len(call.keys),
+                                     *call.keys, *call.args, **self._route(call))
+            first_keys = [calls[i].keys[0] for i in todo if calls[i].keys]
+            planned = [] if self.wait is None else add_waits(
+                self._client, pipe, first_keys, self.wait)
             results = self.execute(pipe, doing=doing, raise_on_error=False)
+            if self.wait is not None and planned:
+                results, acks = results[:-len(planned)], results[-len(planned):]
+                check_acks(self._client, acks, self.wait, doing, first_keys=first_keys,
+                           planned=planned)
             missing: list[int] = []
             for i, result in zip(todo, results, strict=True):
                 if isinstance(result, NoScriptError):
@@ -182,7 +198,10 @@ class Scripts:
         except redis.RedisError as exc:
             raise wrap_redis_error(exc, doing) from exc
         try:
-            conn.send_packed_command(_pack_evalsha(conn, calls))
+            packed = _pack_evalsha(conn, calls)
+            if self.wait is not None:  # on the same connection: WAIT counts its own writes
+                packed += conn.pack_commands([("WAIT", self.wait.replicas, self.wait.timeout_ms)])
+            conn.send_packed_command(packed)
         except BaseException as exc:
             conn.disconnect()
             pool.release(conn)
@@ -191,6 +210,20 @@ class Scripts:
             raise
         flight.conn, flight.pool = conn, pool
         return flight
+
+    def _route(self, call: ScriptCall) -> dict[str, Any]:
+        """On a cluster, the node of the call's slot, named (``target_nodes``).
+
+        redis-py 8.1's cluster pipeline blocks ``pipe.evalsha`` (hence ``execute_command``)
+        and, for a command without a routing policy such as EVALSHA, asks the default node
+        ``COMMAND GETKEYS`` first: one more round trip per call, and none answers once that
+        node died, so the pipeline never refreshes its slot map. A named node skips both; a
+        MOVED or ASK reply is still followed, by key.
+        """
+        if self._cluster is None or not call.keys:
+            return {}
+        node = self._cluster.get_node_from_key(call.keys[0])
+        return {} if node is None else {"target_nodes": node}
 
     def execute(self, pipe: Any, *, doing: str, raise_on_error: bool = True) -> list[Any]:
         """Execute a pipeline, wrapping redis-py errors at the boundary."""
@@ -246,10 +279,10 @@ class InFlight:
         return out
 
     def _read(self) -> list[Any]:
-        conn, calls = self.conn, self._calls
+        conn, calls, wait = self.conn, self._calls, self._scripts.wait
         replies: list[Any] = []
         try:
-            for _ in calls:
+            for _ in range(len(calls) + (wait is not None)):
                 try:
                     replies.append(conn.read_response())
                 except redis.ResponseError as exc:  # one call's error: the others still answer
@@ -262,6 +295,9 @@ class InFlight:
         finally:
             self.pool.release(conn)
             self.conn = None
+        if wait is not None:
+            replies, acks = replies[:-1], replies[-1:]
+            check_acks(self._scripts.client, acks, wait, self._doing)
         missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         for i, reply in enumerate(replies):
             if isinstance(reply, Exception) and i not in missing:

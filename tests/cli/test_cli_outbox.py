@@ -17,6 +17,7 @@ from tests.schema_versions import schema_dir
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.cluster
 def test_list_json_filters(run_cli, seeded, as_json) -> None:
     data = as_json(run_cli("--json", "outbox", "list"))
     assert data["matched"] == 5
@@ -129,6 +130,7 @@ def test_purge_needs_the_expired_flag(run_cli) -> None:
     assert "--expired" in result.stderr
 
 
+@pytest.mark.cluster
 def test_resend_stuck_through_recovery(run_cli, redis_client, seeded, kafka_bootstrap, as_json,
                                        new_topic) -> None:
     box = Outbox(redis_client, seeded.keys)

@@ -7,6 +7,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.cluster
 def test_status_json_counts_everything(run_cli, seeded, as_json) -> None:
     data = as_json(run_cli("--json", "status"))
     ob, dd = data["outbox"], data["dedup"]

@@ -28,6 +28,7 @@ from tests.consumer_kit import CODEC, drain, headers_of, read_all, recorder
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.cluster
 def test_same_message_twice_is_handled_once(make, new_topic, kafka_bootstrap) -> None:
     topic = new_topic(2)
     dup = envelope(b"the one")
@@ -49,6 +50,7 @@ def test_same_message_twice_is_handled_once(make, new_topic, kafka_bootstrap) ->
     assert again == []
 
 
+@pytest.mark.cluster
 def test_copies_in_the_batches_read_ahead_are_handled_once(make, new_topic,
                                                             kafka_bootstrap) -> None:
     # Batches of 5 on one partition, each group of 5 resent in the batch right after it.
@@ -104,6 +106,7 @@ def test_expired_never_handled_and_dead_lettered_when_asked(make, new_topic,
     assert {headers_of(m)["eoguard.error.kind"] for m in letters} == {"expired"}
 
 
+@pytest.mark.cluster
 def test_malformed_records_go_to_dead_letter_and_good_ones_around_them_are_handled(
         make, new_topic, kafka_bootstrap) -> None:
     topic, dlq = new_topic(1), new_topic(1, prefix="dlq")
@@ -190,6 +193,7 @@ def test_batch_handler_failures_are_per_message(make, new_topic, kafka_bootstrap
     assert consumer.stats().handled == 7
 
 
+@pytest.mark.cluster
 def test_transactional_effects_commit_once_and_atomically(make, new_topic, kafka_bootstrap,
                                                           redis_client: redis.Redis,
                                                           key_prefix: str) -> None:
@@ -268,6 +272,7 @@ def test_payload_is_decoded_to_the_applications_form(make, new_topic, kafka_boot
     assert got[0]["created_at"] == order["created_at"]
 
 
+@pytest.mark.cluster
 def test_handled_message_acknowledges_the_outbox(make, new_topic, kafka_bootstrap,
                                                  redis_client: redis.Redis, key_prefix) -> None:
     topic = new_topic(1)
@@ -304,6 +309,7 @@ def test_busy_claim_is_waited_on_then_taken_over_or_skipped(make, new_topic, kaf
     assert consumer.stats().busy_waits >= 1
 
 
+@pytest.mark.cluster
 def test_dedup_keys_are_gone_after_expiry_plus_grace(make, new_topic, kafka_bootstrap,
                                                       redis_client, key_prefix) -> None:
     topic = new_topic(1)

@@ -62,6 +62,7 @@ def test_done_applies_effects_of_handled_keys_and_deletes_the_let_go(
     assert claim_results(one_shard, one_shard.new_token(), [b]) == [NEW]
 
 
+@pytest.mark.cluster
 def test_done_without_effects_touches_no_claim_key(store: DedupStore,
                                                    redis_client: redis.Redis) -> None:
     token = store.new_token()

@@ -47,6 +47,7 @@ pytestmark = pytest.mark.integration
 
 
 # Claim ---------------------------------------------------------------------------------------
+@pytest.mark.cluster
 def test_absent_is_new_one_key_per_message_and_one_record_per_shard(
         store: DedupStore, redis_client: redis.Redis, key_prefix: str) -> None:
     token = store.new_token()

@@ -19,6 +19,7 @@ from eoguard.config import ConsumerConfig, RedisConfig
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.errors import ConfigError
 from eoguard.stack.redis_server import ensure_redis_server
+from eoguard.store.client import connect
 from eoguard.store.keys import DEFAULT_MAX_TTL_MS, LAYOUT_VERSION, KeySpace
 from eoguard.store.layout import Layout, check_layout, recorded_layout, recorded_shards
 from tests.conftest import free_port
@@ -27,6 +28,7 @@ from tests.redis_kit import acl_user
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.cluster
 def test_first_use_records_and_a_mismatch_is_refused(redis_client, key_prefix: str) -> None:
     assert recorded_shards(redis_client, key_prefix) is None
     check_layout(redis_client, KeySpace(prefix=key_prefix, shards=8))
@@ -46,6 +48,7 @@ def test_another_max_ttl_is_refused(redis_client, key_prefix: str) -> None:
     assert recorded_layout(redis_client, key_prefix) == Layout(4, LAYOUT_VERSION, 3_600_000)
 
 
+@pytest.mark.cluster
 def test_concurrent_first_starts_record_one_layout(redis_client, redis_url: str,
                                                    key_prefix: str) -> None:
     # Each start records its whole layout or none of it: the record is one start's, and
@@ -57,7 +60,7 @@ def test_concurrent_first_starts_record_one_layout(redis_client, redis_url: str,
     refused: list[str] = []
 
     def start(keys: KeySpace) -> None:
-        client = redis.Redis.from_url(redis_url)
+        client = connect(redis_url)  # a RedisCluster on the cluster topology
         try:
             barrier.wait()
             check_layout(client, keys)

@@ -93,6 +93,7 @@ def wait_until(pred, timeout_s: float, what: str) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.cluster
 def test_persist_first_writes_the_outbox_before_kafka(kafka_bootstrap, redis_url, redis_client,
                                                       key_prefix, new_topic) -> None:
     topic = new_topic()
@@ -140,6 +141,7 @@ def test_persist_first_writes_the_outbox_before_kafka(kafka_bootstrap, redis_url
     assert outbox.get(handles[0].id) is None
 
 
+@pytest.mark.cluster
 def test_keep_until_published_deletes_records_on_kafka_ack(kafka_bootstrap, redis_url, redis_client,
                                                            key_prefix, new_topic) -> None:
     topic = new_topic()
@@ -155,6 +157,7 @@ def test_keep_until_published_deletes_records_on_kafka_ack(kafka_bootstrap, redi
     assert len(consume(kafka_bootstrap, topic, 500)) == 500
 
 
+@pytest.mark.cluster
 def test_delayed_mode_with_a_healthy_broker_rarely_writes_redis(kafka_bootstrap, redis_url,
                                                                 key_prefix, new_topic) -> None:
     topic = new_topic()

@@ -34,6 +34,7 @@ def abandoned(outbox: Outbox, topic: str, keep: KeepUntil, n: int) -> list[Outbo
 
 @pytest.mark.parametrize(("written", "recoverer"), [
     (KeepUntil.PUBLISHED, KeepUntil.CONSUMED), (KeepUntil.CONSUMED, KeepUntil.PUBLISHED)])
+@pytest.mark.cluster
 def test_resends_follow_the_records_keep_until(kafka_bootstrap, redis_url,
                                                redis_client: redis.Redis, key_prefix, new_topic,
                                                written: KeepUntil, recoverer: KeepUntil) -> None:

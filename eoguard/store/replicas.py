@@ -1,0 +1,84 @@
+"""Replicated durability: ``WAIT`` after a round trip of writes, and the start check behind it.
+
+With ``RedisConfig(durability="replicated")`` every script round trip ends with
+``WAIT <replicas> <timeout>`` on the connection that carried its writes (on a cluster, one per
+master the round trip touched, in the same per-node batch of the pipeline): its reply is how
+many replicas hold those writes. Fewer than asked is :class:`ReplicationTimeoutError`, a
+retry, never a guarantee given on faith: the producer fires ``on_guaranteed`` and the consumer
+commits offsets only after a round trip that passed. WAIT counts acknowledgements of the
+connection's own writes, so it is never sent on a connection of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import redis
+from redis.cluster import RedisCluster
+
+from eoguard.errors import ConfigError, ReplicationTimeoutError
+from eoguard.store.client import RedisClient, wrap_redis_error
+
+
+class ReplicaWait(NamedTuple):
+    """How many replicas must hold a round trip's writes, and how long to wait for them."""
+
+    replicas: int
+    timeout_ms: int
+
+
+def add_waits(client: RedisClient, pipe: Any, first_keys: Sequence[str], wait: ReplicaWait
+              ) -> list[str]:
+    """Queue a WAIT after the writes on each node that takes one of ``first_keys``; the nodes'
+    names (one empty name on a single node), for :func:`check_acks`."""
+    if not isinstance(client, RedisCluster):
+        pipe.execute_command("WAIT", wait.replicas, wait.timeout_ms)
+        return [""]
+    nodes = {node.name: node for node in (client.get_node_from_key(k) for k in first_keys)
+             if node is not None}
+    for node in nodes.values():
+        pipe.execute_command("WAIT", wait.replicas, wait.timeout_ms, target_nodes=node)
+    return list(nodes)
+
+
+def check_acks(client: RedisClient, acks: Sequence[Any], wait: ReplicaWait, doing: str, *,
+               first_keys: Sequence[str] = (), planned: Sequence[str] = ()) -> None:
+    """Raise ReplicationTimeoutError unless every WAIT reply counts ``wait.replicas``.
+
+    On a cluster, a call sent MOVED or ASK ran on another node than its WAIT, on another
+    connection: when the slot map changed during the round trip (``planned`` against the map
+    now), the round trip is not acknowledged either (its scripts are safe to run again).
+    """
+    for ack in acks:
+        if isinstance(ack, Exception):
+            raise wrap_redis_error(ack, f"{doing} (WAIT)") from ack
+        if int(ack) < wait.replicas:
+            raise ReplicationTimeoutError(
+                f"{int(ack)} of {wait.replicas} replicas acknowledged the writes of {doing} "
+                f"within {wait.timeout_ms} ms: not guaranteed, retry")
+    if isinstance(client, RedisCluster):
+        now = {node.name for node in (client.get_node_from_key(k) for k in first_keys)
+               if node is not None}
+        if now != set(planned):
+            raise ReplicationTimeoutError(
+                f"a hash slot moved during {doing}: its writes were not waited on, retry")
+
+
+def check_replicas(client: RedisClient, replicas: int) -> None:
+    """At start: every master must have ``replicas`` connected replicas, or ConfigError."""
+    try:
+        if isinstance(client, RedisCluster):
+            reply: Any = client.info("replication", target_nodes=RedisCluster.PRIMARIES)
+            infos = dict(reply) if all(isinstance(v, dict) for v in reply.values()) \
+                else {"redis": reply}
+        else:
+            infos = {"redis": client.info("replication")}  # type: ignore[attr-defined]
+    except redis.RedisError as exc:
+        raise wrap_redis_error(exc, "reading INFO replication") from exc
+    for node, info in infos.items():
+        have = int(info.get("connected_slaves", 0))
+        if have < replicas:
+            raise ConfigError(
+                f"durability='replicated' needs {replicas} replica(s) of every master, but "
+                f"{node} has {have}: add a replica, or use durability='local'")
