@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pyarrow as pa
-import redis
 
+from eoguard.store.client import RedisClient
 from eoguard.store.dedup import BatchState, Claim, ClaimResult, DedupState
 from eoguard.store.dedup_admin import read_entries
 from eoguard_spark.decode import RowStatus
@@ -48,7 +48,7 @@ _BUSY_POLL_S = 0.5  # how often a BUSY claim is retried: the other holder may fi
 class _Partition:
     """The claims of one Spark partition: its store, and the ids it won so far."""
 
-    def __init__(self, settings: ClaimSettings, client: redis.Redis[bytes],
+    def __init__(self, settings: ClaimSettings, client: RedisClient,
                  pool: ThreadPoolExecutor) -> None:
         self.settings = settings
         self.token = settings.token

@@ -13,7 +13,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import redis
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql.streaming.query import StreamingQuery
@@ -21,6 +20,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from eoguard.codec import SchemaRegistry
 from eoguard.errors import ConfigError
 from eoguard.stack import spark_jars
+from eoguard.store.client import connect
 from eoguard.store.layout import check_layout
 from eoguard_spark.batch import BatchProcessor, BatchStats, ForeachBatch
 from eoguard_spark.decode import RowStatus, decode
@@ -63,7 +63,7 @@ def _check_reader(spark: SparkSession, options: JobOptions) -> None:
 
 def _check_layout(options: JobOptions) -> None:
     """The scope's key layout must match the consumers' (see eoguard.store.layout)."""
-    client = redis.Redis.from_url(options.redis_url)
+    client = connect(options.redis_url)
     try:
         check_layout(client, options.keyspace())
     finally:

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pyarrow as pa
-import redis
 
+from eoguard.store.client import RedisClient, connect
 from eoguard.store.dedup import DedupStore
 from eoguard.store.keys import KeySpace
 from eoguard.store.outbox import Outbox
@@ -63,10 +63,11 @@ class ClaimSettings:
     def keyspace(self) -> KeySpace:
         return KeySpace(prefix=self.key_prefix, shards=self.key_shards)
 
-    def connect(self) -> redis.Redis[bytes]:
-        return redis.Redis.from_url(self.redis_url, socket_timeout=30, socket_connect_timeout=10)
+    def connect(self) -> RedisClient:
+        """A client of the scope's Redis: a single node or a cluster, as the server says."""
+        return connect(self.redis_url, socket_timeout=30, socket_connect_timeout=10)
 
-    def store(self, client: redis.Redis[bytes]) -> DedupStore:
+    def store(self, client: RedisClient) -> DedupStore:
         return DedupStore(client, scope=self.scope, keys=self.keyspace(),
                           lease_ms=self.lease_ms, grace_ms=self.grace_ms)
 
