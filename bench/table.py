@@ -106,7 +106,8 @@ def render(rows: list[Row], info: dict[str, Any], *, console: Console | None = N
     out.print(", ".join(f"{k} {v}" for k, v in info.items()))
     table = Table(show_lines=False)
     for name, justify in (("suite", "left"), ("path", "left"), ("min/s", "right"),
-                          ("median/s", "right"), ("ratio", "right"), ("cpu us/msg", "right"),
+                          ("median/s", "right"), ("ratio", "right"), ("vs", "left"),
+                          ("cpu us/msg", "right"),
                           ("redis cpu us/msg", "right"), ("redis writes/msg", "right"),
                           ("guaranteed p50/p99 ms", "right"), ("e2e p50/p99 ms", "right"),
                           ("note", "left")):
@@ -115,7 +116,8 @@ def render(rows: list[Row], info: dict[str, Any], *, console: Console | None = N
         table.add_row(
             r.suite, r.path, _num(min(r.rates), ",.0f") if r.rates else "",
             _num(r.median, ",.0f") if r.rates else "",
-            f"{x:.2f}x vs {r.baseline}" if (x := ratio(r, rows)) is not None else "",
+            f"{x:.2f}x" if (x := ratio(r, rows)) is not None else "",
+            (r.baseline or "")[:24] if x is not None else "",
             _num(r.cpu_us, ".1f"), _num(r.redis_cpu_us, ".1f"), _num(r.redis_writes, ".3f"),
             _ms(r.guaranteed_ms), _ms(r.e2e_ms), r.note)
     out.print(table)
