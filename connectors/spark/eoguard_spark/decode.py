@@ -132,8 +132,9 @@ def _all_utf8(env: Column) -> Column:
     headers = F.map_entries(env.getField("headers"))
     return (F.is_valid_utf8(env.getField("id")) & F.is_valid_utf8(env.getField("producer"))
             & F.coalesce(F.is_valid_utf8(env.getField("payload_schema")), F.lit(True))
-            & F.forall(headers, lambda e: F.is_valid_utf8(e.getField("key"))
-                       & F.is_valid_utf8(e.getField("value"))))
+            & F.when(F.size(headers) > 0, F.forall(  # a lambda: only where there are headers
+                headers, lambda e: F.is_valid_utf8(e.getField("key"))
+                & F.is_valid_utf8(e.getField("value")))).otherwise(F.lit(True)))
 
 
 def _payload(env: Column, registry: SchemaRegistry, payload_schema: str
@@ -220,8 +221,9 @@ def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | No
     env = F.col("_env")
     rules = _header_rules(value, F.col("_magic"), F.col("_fingerprint"), env, registry)
     now_ms = F.unix_millis(F.current_timestamp())  # the micro-batch's: the same on a replay
-    rows = rows.withColumn("_broken", broken_rule(  # Step 3.
-        env, now_ms=now_ms, max_ttl_ms=max_ttl_ms, limits=limits))
+    rows = rows.withColumn("_id", canonical_id(env.getField("id"))).withColumn(
+        "_broken", broken_rule(  # Step 3.
+            env, F.col("_id"), now_ms=now_ms, max_ttl_ms=max_ttl_ms, limits=limits))
     rules.append((F.col("_broken").isNotNull(), F.col("_broken")))
     payload: Column = env.getField("payload")
     if payload_schema is not None:  # Step 4.
@@ -242,7 +244,7 @@ def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | No
     expired_reason = F.concat(F.lit("expired at "),
                               F.date_format(expires_at, "yyyy-MM-dd'T'HH:mm:ss.SSSXXX"))
     return fence(rows.select(
-        F.when(valid, canonical_id(env.getField("id"))).otherwise(env.getField("id")).alias("id"),
+        F.when(valid, F.col("_id")).otherwise(env.getField("id")).alias("id"),
         expires_at.alias("expires_at"),
         F.when(valid, expires_ms).alias("expires_at_ms"),
         F.when(valid, F.timestamp_millis(env.getField("created_at"))).alias("created_at"),
