@@ -272,7 +272,8 @@ class ConsumerConfig:
     (offsets are stored only after a batch is done) and defaults ``auto.offset.reset`` to
     ``earliest``. ``scope`` is the dedup namespace: each scope handles a message once.
     Records that break ``input_limits`` or the key prefix's ``max_ttl_ms`` are malformed
-    (:mod:`eoguard.codec.rules`): dead-lettered, never claimed.
+    (:mod:`eoguard.codec.rules`): dead-lettered, never claimed. The clock-skew allowance is
+    at most ``grace_s`` (:meth:`effective_limits`).
     Claims are renewed every ``lease_s / 3`` while their batch is handled, so ``lease_s`` only
     bounds how long a crashed consumer's claims block a duplicate; ``busy_wait_s`` bounds how long a
     batch waits on a claim another owner holds; dedup keys live until ``expires_at + grace_s``.
@@ -324,13 +325,14 @@ class ConsumerConfig:
         if self.dead_letter_topic is not None and not self.dead_letter_topic:
             raise ConfigError("dead_letter_topic must be non-empty when given")
         _check_limits(self.keyspace, self.input_limits)
-        if self.grace_s * 1000 < self.input_limits.clock_skew_ms:
-            raise ConfigError(
-                f"grace_s ({self.grace_s}) must cover input_limits.clock_skew_ms "
-                f"({self.input_limits.clock_skew_ms} ms): a claim key is capped at now + "
-                "max_ttl + grace, and an expiry up to now + max_ttl + skew is accepted")
         if self.instance_id is not None and not self.instance_id:
             raise ConfigError("instance_id must be non-empty when given")
+
+    def effective_limits(self) -> InputLimits:
+        """``input_limits`` with the clock-skew allowance capped at ``grace_s``: a claim key
+        lives at most until now + max_ttl + grace, so an expiry accepted beyond that would
+        outlive its key."""
+        return self.input_limits.within_grace(int(self.grace_s * 1000))
 
     @property
     def max_poll_interval_s(self) -> float:

@@ -45,6 +45,13 @@ class InputLimits:
     clock_skew_ms: int = 300_000
     """How far ahead of the reader's clock a producer's clock may run (5 minutes)."""
 
+    def within_grace(self, grace_ms: int) -> InputLimits:
+        """These limits with ``clock_skew_ms`` at most ``grace_ms`` (see the consumer's
+        ``effective_limits``)."""
+        if self.clock_skew_ms <= grace_ms:
+            return self
+        return dataclasses.replace(self, clock_skew_ms=grace_ms)
+
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)

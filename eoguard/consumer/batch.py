@@ -73,6 +73,7 @@ class BatchProcessor:
         self._env, self._codec, self._payloads = env, env.codec, env.payloads
         self._handler, self._batch_handler = handler, batch_handler
         self._key_prefixes = dedup.keys.dedup_prefixes(config.scope)
+        self._limits = config.effective_limits()
         # position(group, topic, ...) up to the topic: the group is this consumer's reader
         group = str(config.kafka["group.id"])
         self._reader = f"{len(group)}:{group}|"
@@ -87,7 +88,7 @@ class BatchProcessor:
         now, reader, prefixes, topics = now_ms(), self._reader, self._key_prefixes, self._topics
         shards, crc32 = len(prefixes), zlib.crc32  # KeySpace.shard_of, inlined: hot path
         decode, payload_of, new_tuple = self._codec.decode, self._payloads.decode, tuple.__new__
-        max_ttl_ms, limits = self.config.keyspace.max_ttl_ms, self.config.input_limits
+        max_ttl_ms, limits = self.config.keyspace.max_ttl_ms, self._limits
         for msg in msgs:
             topic, partition, offset = msg.topic() or "", msg.partition() or 0, msg.offset() or 0
             ends[topic, partition] = offset + 1

@@ -121,3 +121,11 @@ def test_limits_are_checked() -> None:
         InputLimits(payload_bytes=-1)
     with pytest.raises(ConfigError, match="header_count"):
         InputLimits(header_count=True)
+
+
+def test_the_clock_skew_allowance_is_capped_by_grace() -> None:
+    assert LIMITS.within_grace(600_000) is LIMITS
+    assert LIMITS.within_grace(3_000).clock_skew_ms == 3_000
+    with pytest.raises(InvalidEnvelopeError, match="beyond now"):
+        check_envelope(envelope(created_at_ms=NOW, expires_at_ms=NOW + MAX_TTL + 4_000),
+                       now_ms=NOW, max_ttl_ms=MAX_TTL, limits=LIMITS.within_grace(3_000))

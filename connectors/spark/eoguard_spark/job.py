@@ -94,7 +94,8 @@ def build_query(spark: SparkSession, options: JobOptions, *,
                 else SchemaRegistry.default())
     raw = spark.readStream.format("kafka").options(**options.source_options()).load()
     rows = decode(raw, registry, payload_schema=options.payload_schema,
-                  max_ttl_ms=options.max_ttl_ms, limits=options.input_limits)
+                  max_ttl_ms=options.max_ttl_ms,
+                  limits=options.input_limits.within_grace(int(options.grace_s * 1000)))
     if transform is not None:
         rows = transform(rows)
     if options.dedup is DedupMode.WATERMARK:

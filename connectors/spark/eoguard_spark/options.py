@@ -99,9 +99,6 @@ class JobOptions:
         for name in ("lease_s", "grace_s", "busy_wait_s", "claim_batch_size"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        if self.grace_s * 1000 < self.input_limits.clock_skew_ms:
-            raise ConfigError(f"grace_s ({self.grace_s}) must cover input_limits.clock_skew_ms "
-                              f"({self.input_limits.clock_skew_ms} ms), as for a consumer")
         if self.max_offsets_per_trigger is not None and self.max_offsets_per_trigger <= 0:
             raise ConfigError("max_offsets_per_trigger must be > 0 when given")
         if self.available_now and self.trigger_interval:
