@@ -148,6 +148,7 @@ class OutboxWriter:
         q, c = self.queue, self.counters
         settled: list[Settled] = []
         guaranteed = MessageState.GUARANTEED
+        found = 0  # in the outbox already, not written by this call
         with q.lock:
             for m in batch:
                 m.persisting = False
@@ -165,7 +166,7 @@ class OutboxWriter:
                 # Step 3.
                 if existing and id(m) in existing and not m.rewritten:
                     c.already_in_outbox += 1
-                    c.persisted -= 1  # counted below with the batch: not written by us
+                    found += 1
                     if not self.delayed:  # not published twice; delayed sent it already
                         q.release_locked(m)
                         continue
@@ -175,7 +176,7 @@ class OutboxWriter:
                         q.add_marks_locked([m.id])
                 else:
                     q.to_produce.append(m)
-            c.persisted += len(batch) - len(expired)
+            c.persisted += len(batch) - len(expired) - found
             if self.delayed or expired or existing:
                 q.space.notify_all()
         self.dispatcher.submit(settled, wake=True)
