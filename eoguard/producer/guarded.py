@@ -24,7 +24,7 @@ from typing import Any
 
 from eoguard.codec import EnvelopeCodec, PayloadCodec, SchemaRegistry
 from eoguard.config import ProducerConfig
-from eoguard.envelope import canonical_id, new_message_id, now_ms
+from eoguard.envelope import new_message_id, now_ms
 from eoguard.errors import (
     BackpressureError,
     EoguardError,
@@ -44,6 +44,7 @@ from eoguard.producer.messages import (
     PendingMessage,
     ProducerStats,
     SendHandle,
+    caller_message_id,
     check_send_args,
 )
 from eoguard.producer.outbox_queue import LogQueue
@@ -145,16 +146,14 @@ class GuardedProducer:
         if self._closed:
             raise ProducerClosedError("send after close")
         key = check_send_args(topic, value, key, schema=schema, headers=headers, ttl_s=ttl_s,
-                              message_id=message_id, max_ttl_ms=self._max_ttl_ms,
-                              limits=self.config.input_limits)
+                              max_ttl_ms=self._max_ttl_ms, limits=self.config.input_limits)
+        mid = new_message_id() if message_id is None else caller_message_id(message_id)
         ttl_ms = self._ttl_ms if ttl_s is None else max(1, int(ttl_s * 1000))
         payload = (value if schema is None and value.__class__ is bytes
                    else self._payloads.encode(value, schema))
         if len(payload) > self._payload_limit:
             raise InvalidMessageError(f"payload of {len(payload)} bytes is over "
                                       f"input_limits.payload_bytes ({self._payload_limit})")
-        mid = new_message_id() if message_id is None else canonical_id(message_id)
-        assert mid is not None  # check_send_args refused any other id
         created = now_ms()
         expires = created + ttl_ms
         data = self._codec.encode_fields(  # the envelope, encoded without building it

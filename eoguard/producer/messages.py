@@ -23,6 +23,7 @@ __all__ = [
     "ProducerStats",
     "ReportSink",
     "SendHandle",
+    "caller_message_id",
     "check_send_args",
 ]
 
@@ -33,15 +34,16 @@ FailedCallback = Callable[["SendHandle", EoguardError], None]
 
 
 def check_send_args(topic: object, value: object, key: object, *, schema: str | None,
-                    headers: Mapping[str, str] | None, ttl_s: object, message_id: object,
+                    headers: Mapping[str, str] | None, ttl_s: object,
                     max_ttl_ms: int, limits: InputLimits) -> bytes | None:
     """Refuse invalid ``send`` arguments with :class:`InvalidMessageError`; the key as bytes.
 
     What a consumer would refuse as malformed (:mod:`eoguard.codec.rules`) is refused here:
-    an id that is not a UUID, a TTL beyond ``max_ttl_ms``, headers beyond ``limits``.
+    a TTL beyond ``max_ttl_ms``, headers beyond ``limits`` (a caller's id:
+    :func:`caller_message_id`).
     """
     if (topic.__class__ is str and topic and ttl_s is None and headers is None
-            and message_id is None and (key is None or key.__class__ is bytes)
+            and (key is None or key.__class__ is bytes)
             and (schema is not None or value.__class__ is bytes)):
         return key  # the common case, checked at once
     if not isinstance(topic, str) or not topic:
@@ -52,9 +54,6 @@ def check_send_args(topic: object, value: object, key: object, *, schema: str | 
     if ttl_s is not None and ttl_s * 1000 > max_ttl_ms:
         raise InvalidMessageError(f"ttl_s {ttl_s} exceeds the key prefix's max_ttl_ms "
                                   f"({max_ttl_ms}): consumers would refuse the message")
-    if message_id is not None and (not isinstance(message_id, str)
-                                   or canonical_id(message_id) is None):
-        raise InvalidMessageError(f"message_id must be a UUID, got {message_id!r}")
     if headers is not None:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
             raise InvalidMessageError("headers must map str to str")
@@ -71,6 +70,15 @@ def check_send_args(topic: object, value: object, key: object, *, schema: str | 
     if key is not None and not isinstance(key, bytes):
         raise InvalidMessageError(f"key must be bytes, str or None, got {type(key).__name__}")
     return key
+
+
+def caller_message_id(message_id: object) -> str:
+    """A caller's ``message_id`` as canonical UUID text; :class:`InvalidMessageError` for
+    anything that is not a UUID (a consumer would refuse it as malformed)."""
+    mid = canonical_id(message_id) if isinstance(message_id, str) else None
+    if mid is None:
+        raise InvalidMessageError(f"message_id must be a UUID, got {message_id!r}")
+    return mid
 
 
 class MessageState(enum.Enum):
