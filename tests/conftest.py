@@ -34,6 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--docker", action="store_true",
                      help="run Kafka and Redis from compose/docker-compose.yml via pytest-docker")
+    parser.addoption("--topology", choices=["single", "all"], default="all",
+                     help="single: run tests marked cluster on the single-node stack only "
+                          "(make test-fast); all (default): on the cluster topology too")
 
 
 @pytest.fixture(scope="session")
@@ -70,9 +73,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """A test marked ``cluster`` runs twice: on the single-node stack and on the cluster
     (``cluster(only=True)``: on the cluster alone)."""
     marker = metafunc.definition.get_closest_marker("cluster")
-    if marker is not None:
-        params = ["cluster"] if marker.kwargs.get("only") else ["single", "cluster"]
-        metafunc.parametrize("topology", params, indirect=True)
+    if marker is None:
+        return
+    cluster: object = "cluster"
+    if metafunc.config.getoption("--topology") == "single":
+        cluster = pytest.param("cluster", marks=pytest.mark.skip(
+            reason="--topology single: this run starts no cluster topology"))
+    params = [cluster] if marker.kwargs.get("only") else ["single", cluster]
+    metafunc.parametrize("topology", params, indirect=True)
 
 
 @pytest.fixture

@@ -146,9 +146,10 @@ def test_a_consumer_with_another_shard_count_is_refused(redis_client, redis_url:
         GuardedConsumer(config, handler=lambda ctx: None)
 
 
-def test_a_server_that_may_evict_is_refused(redis_client, key_prefix: str,
+def test_a_server_that_may_evict_is_refused(private_redis, key_prefix: str,
                                             caplog: pytest.LogCaptureFixture) -> None:
-    # The shared dev Redis: the policy is changed for a few milliseconds, always restored.
+    # A Redis of this test alone: tests running next to it must not see the policy change.
+    redis_client = redis.Redis.from_url(private_redis.address)
     keys = KeySpace(prefix=key_prefix)
     with acl_user(redis_client, key_prefix, "-config") as no_config, \
             acl_user(redis_client, key_prefix, "-config", "-info") as blind:
