@@ -4,7 +4,9 @@ Step 1. Start the stack if needed; create the run's topic and dead-letter topic.
 Step 2. Start consumer c1 (scope ``orders``) and producer p1 (subprocesses, see worker.py).
 Step 3. While p1 sends: inject expired envelopes and malformed records straight to the topic;
         SIGKILL c1 mid-way and start c2 (it takes over c1's partitions and claims); SIGKILL p1
-        mid-way and start p2, which sends the rest and recovers what p1 left in the outbox.
+        (persist-first) mid-way and start p2 (delayed mode), which sends the rest and recovers
+        what p1 left in the outbox; its adaptive delay and the Redis writes it avoided are
+        sampled over the run for the report's chart.
 Step 4. Once the producers are done: the Spark job (scope ``orders-spark``) reads the topic.
 Step 5. Wait until c2 committed the whole topic and handled every guaranteed message (or the
         timeout); stop c2 and the Spark job.
@@ -26,7 +28,7 @@ from eoguard.demo import observe
 from eoguard.demo.inject import Injected, inject
 from eoguard.demo.plan import ORDER_SCHEMA, DemoOptions, RunDir, RunNames, spark_available
 from eoguard.demo.procs import Worker, spawn
-from eoguard.demo.report import DemoReport, check, scope_result
+from eoguard.demo.report import DemoReport, check, delayed_run, scope_result
 from eoguard.errors import BrokerError, DemoError
 from eoguard.stack import Endpoints, LocalStack, create_topics
 from eoguard.stack.paths import repo_root
@@ -65,10 +67,11 @@ class Demo:
                 "--prefix", self.names.prefix, "--topic", self.names.topic,
                 "--stats", str(self.run_dir.stats(worker))]
 
-    def _producer(self, ends: Endpoints, name: str, start: int, count: int) -> Worker:
+    def _producer(self, ends: Endpoints, name: str, start: int, count: int, mode: str) -> Worker:
         o = self.options
         return self._spawn(name, ["-m", "eoguard.demo.worker", "producer", *self._common(ends, name),
-                                  "--name", name, "--ledger", str(self.run_dir.ledger(name)),
+                                  "--name", name, "--mode", mode,
+                                  "--ledger", str(self.run_dir.ledger(name)),
                                   "--start", str(start), "--count", str(count),
                                   "--rate", str(o.send_rate), "--ttl-s", str(o.ttl_s),
                                   "--duplicate-every", str(o.duplicate_every),
@@ -154,7 +157,7 @@ class Demo:
         """Steps 2 and 3: run the producers (killing p1) while c1/c2 consume."""
         o, n, report = self.options, self.names, self.report
         self._consumer(ends, "c1")
-        p1 = self._producer(ends, "p1", 0, o.messages)
+        p1 = self._producer(ends, "p1", 0, o.messages, "persist-first")
         ledgers = [observe.LedgerView(self.run_dir.ledger("p1"))]
         injected: Injected | None = None
         producers_done = False
@@ -176,7 +179,7 @@ class Demo:
                 rest = ledgers[0].poll().max_seq + 1
                 self.event(f"SIGKILLed producer p1 after {guaranteed:,} guaranteed; p2 sends "
                            f"orders {rest:,}.. and recovers p1's outbox records")
-                self._producer(ends, "p2", rest, o.messages - rest)
+                self._producer(ends, "p2", rest, o.messages - rest, "delayed")
                 ledgers.append(observe.LedgerView(self.run_dir.ledger("p2")))
             producers_done = all(not self.workers[p].alive() for p in ("p1", "p2") if p in self.workers)
             self._check_workers()
@@ -238,6 +241,7 @@ class Demo:
         report.duplicates_injected = sum(len(v.duplicated) for v in ledgers)
         p2 = observe.read_stats(self.run_dir.stats("p2")) or {}
         report.resent_by_recovery = int(p2.get("resent", 0))
+        report.delayed = delayed_run(p2)
         report.expired_injected = len(injected.expired_ids)
         report.malformed_injected = len(injected.malformed)
         dead = observe.dead_letters(ends.kafka_bootstrap, n.dead_letter_topic, n.topic)

@@ -2,11 +2,13 @@
 
 The demo runs them as subprocesses so it can SIGKILL them mid-way, as a crash would.
 
-producer: a GuardedProducer (persist-first, keep_until=consumed) sends orders at a steady rate
+producer: a GuardedProducer (``--mode``, keep_until=consumed) sends orders at a steady rate
 and writes its ledger, one line per event, flushed line by line so a SIGKILL loses none that
 were written: ``S <seq> <id>`` sent, ``G <id>`` guaranteed, ``F <id> <reason>`` failed,
 ``D <id>`` produced a second time on purpose (the very same envelope bytes, read back from the
-outbox, as an application retry would). At the end it writes its ``stats()``.
+outbox, as an application retry would: persist-first only, where every record is in the
+outbox). At the end it writes its ``stats()``, with ``series``: every 250 ms the seconds since
+start, messages sent, written to Redis, Redis writes avoided, and the adaptive delay (ms).
 
 consumer: a GuardedConsumer in one scope with a Redis-transactional handler: it counts each
 handling in a hash (``HINCRBY handled <id> 1``) inside the done mark's script, so the count is
@@ -60,6 +62,27 @@ def _ledger_delivery(ledger: Ledger, message_id: str) -> Callable[[Any, Any], No
     return delivered
 
 
+class Series:
+    """Samples a producer's ``stats()`` every 250 ms in a thread, for the demo's chart."""
+
+    def __init__(self, producer: Any, started: float) -> None:
+        self.rows: list[list[float]] = []
+        self._producer, self._started = producer, started
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stats-series", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            s = self._producer.stats()
+            self.rows.append([round(time.monotonic() - self._started, 2), s.sent, s.persisted,
+                              s.redis_writes_avoided, round(s.current_delay_ms, 1)])
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def run_producer(args: argparse.Namespace) -> int:
     import confluent_kafka  # noqa: PLC0415 - the worker's imports stay out of `eoguard --help`
 
@@ -74,7 +97,7 @@ def run_producer(args: argparse.Namespace) -> int:
     keys = KeySpace(prefix=args.prefix)
     config = ProducerConfig(
         kafka={"bootstrap.servers": args.bootstrap, "linger.ms": 5, "message.timeout.ms": 15_000},
-        redis=RedisConfig(url=args.redis_url), mode=PersistenceMode.PERSIST_FIRST,
+        redis=RedisConfig(url=args.redis_url), mode=PersistenceMode(args.mode),
         keep_until=KeepUntil.CONSUMED, lease_s=args.lease_s, recover_interval_s=0.5,
         keyspace=keys, instance_id=f"{args.name}-{os.getpid()}")
     producer = GuardedProducer(
@@ -95,7 +118,9 @@ def run_producer(args: argparse.Namespace) -> int:
         raw.produce(rec.topic, rec.value, rec.key, on_delivery=_ledger_delivery(ledger, handle.id))
         raw.poll(0)
 
+    duplicates = args.duplicate_every if config.mode is PersistenceMode.PERSIST_FIRST else 0
     started = time.monotonic()
+    series = Series(producer, started)
     for i, seq in enumerate(range(args.start, args.start + args.count)):
         ahead_s = started + i / args.rate - time.monotonic()
         if ahead_s > 0:
@@ -103,9 +128,10 @@ def run_producer(args: argparse.Namespace) -> int:
         handle = producer.send(args.topic, make_order(seq), key=f"customer-{seq % 997:04d}",
                                ttl_s=args.ttl_s, schema=ORDER_SCHEMA)
         ledger.write(f"S {seq} {handle.id}")
-        if args.duplicate_every and seq % args.duplicate_every == args.duplicate_every // 2:
+        if duplicates and seq % duplicates == duplicates // 2:
             duplicate(handle)
     producer.flush(30.0)
+    series.stop()
     # A recovering producer: take over what a crashed one left once its lease has lapsed.
     wait_s = args.recover_after_s - (time.monotonic() - started)
     if wait_s > 0:
@@ -113,7 +139,7 @@ def run_producer(args: argparse.Namespace) -> int:
     producer.recover()
     producer.flush(30.0)
     raw.flush(30.0)
-    stats = asdict(producer.stats())
+    stats = {**asdict(producer.stats()), "series": series.rows}
     producer.close()
     _write_json(Path(args.stats), stats)
     ledger.close()
@@ -172,6 +198,7 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--stats", required=True)
     prod = sub.choices["producer"]
     prod.add_argument("--name", required=True)
+    prod.add_argument("--mode", choices=["persist-first", "delayed"], default="persist-first")
     prod.add_argument("--ledger", required=True)
     prod.add_argument("--start", type=int, default=0)
     prod.add_argument("--count", type=int, required=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from eoguard.demo import spark_available
+from eoguard.demo.report import sparkline
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +37,21 @@ def check_invariants(data: dict, scopes: set[str]) -> None:
         assert scope["guaranteed_handled"] == data["guaranteed"]
         assert scope["expired_dropped"] >= 1
         assert scope["duplicates_dropped"] >= 1
+    # p2 ran in delayed mode and its delay and avoided writes were sampled over the run.
+    delayed = data["delayed"]
+    assert 0 < delayed["sent"] < MESSAGES
+    assert delayed["avoided"] + delayed["persisted"] >= delayed["sent"]
+    assert delayed["avoided"] > 0
+    assert len(delayed["delay_ms"]) == len(delayed["seconds"]) >= 1
+    assert sum(delayed["avoided_per_sample"]) <= delayed["avoided"]
     assert data["elapsed_s"] < 120
+
+
+def test_sparkline_scales_to_the_largest_value() -> None:
+    assert sparkline([0, 1, 2, 4, 8]) == "▁▂▃▅█"
+    assert sparkline([5.0] * 200, width=50) == "█" * 50
+    assert sparkline([0, 0]) == "▁▁"
+    assert sparkline([]) == ""
 
 
 def test_demo_without_spark(run_cli, as_json) -> None:
