@@ -114,7 +114,8 @@ class GuardedConsumer:
                                      leases=self._leases, send=self._send, handler=handler,
                                      batch_handler=batch_handler)
         self._stats = self._batch.stats
-        self._pipe = Pipeline(self._batch, self._dead, commit=self._commit)
+        self._pipe = Pipeline(self._batch, self._dead, commit=self._commit,
+                              light_below=max(1, config.batch_size // 4))
         self._callback_error: Exception | None = None  # raised by the next _consume
         self._orphans: list[Message] = []  # consumed when that error was raised
         self._outage_s = 0.0

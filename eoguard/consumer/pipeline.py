@@ -27,6 +27,12 @@ batch and sends one round trip; a run of reads starts by claiming what it read a
 A batch with messages to retry, or BUSY ones, lands its done marks in the poll that handled
 it. When no more records come, the pipeline lands what is in flight at the next poll, so a
 lone message is handled in the poll that read it and committed in the next.
+
+Overlap buys throughput at the price of latency: three polls between read and handled. So it
+is used only when the consumer is behind. While it keeps up - the last read brought fewer
+than ``light_below`` records (a quarter of ``batch_size`` in GuardedConsumer) - every round
+trip lands in the poll that sent it: a batch read at poll k is claimed at k, handled and
+committed at k+1. Once reads fill up again (the consumer fell behind), overlap resumes.
 """
 
 from __future__ import annotations
@@ -109,8 +115,10 @@ class Pipeline:
     """
 
     def __init__(self, batches: BatchProcessor, dead: DeadLetterRouter, *,
-                 commit: Callable[[dict[Partition, int]], None]) -> None:
+                 commit: Callable[[dict[Partition, int]], None], light_below: int = 0) -> None:
         self._batches, self._dead = batches, dead
+        self._light_below = light_below
+        self._keeping_up = False  # the last read was light: no overlap (module docstring)
         self._send, self._commit = batches.send, commit
         self._decoded: list[Batch] = []  # claims not sent yet
         self._flights: deque[RoundTrip] = deque()  # in send order
@@ -135,6 +143,7 @@ class Pipeline:
     def read_ahead(self, raw: list[Message]) -> None:
         """Steps 2 and 3 for records just consumed; their claims go out with the next send."""
         if raw:
+            self._keeping_up = len(raw) < self._light_below
             self._decoded.append(self._batches.decode(raw))
 
     def next_batch(self) -> Batch | None:
@@ -152,7 +161,8 @@ class Pipeline:
     def handle(self, batch: Batch) -> None:
         """Steps 5-6 for the batch :meth:`next_batch` gave, and one round trip: the claims of
         the batches decoded since, then its done marks; it lands ``FLIGHTS_OUT`` polls later,
-        unless this batch has messages to retry (Step 7 needs them now).
+        unless this batch has messages to retry (Step 7 needs them now) or the consumer keeps
+        up (no overlap needed: everything lands now).
 
         The claims go first: a copy, in those batches, of a message this batch handled finds
         it held (BUSY) and is claimed again once this batch's done marks land (a DUPLICATE
@@ -164,7 +174,7 @@ class Pipeline:
         self._decoded = []  # once sent: a failed send leaves every batch where it was
         self._flights.append(flight)
         self._claimed.popleft()
-        keep = 0 if failed or batch.busy else FLIGHTS_OUT
+        keep = 0 if failed or batch.busy or self._keeping_up else FLIGHTS_OUT
         while len(self._flights) > keep:
             self._land()
 

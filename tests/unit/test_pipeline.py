@@ -134,7 +134,8 @@ class Stub:
 
 
 class Harness:
-    def __init__(self, handler: Callable[[HandlerContext], None] | None = None) -> None:
+    def __init__(self, handler: Callable[[HandlerContext], None] | None = None, *,
+                 light_below: int = 0) -> None:
         keys = KeySpace(prefix="unit")
         config = ConsumerConfig(kafka={"bootstrap.servers": "unused:9092", "group.id": "g"},
                                 redis=RedisConfig(url="redis://127.0.0.1:1/0"), scope="app",
@@ -154,7 +155,8 @@ class Harness:
                                       send=self.stub.send,
                                       handler=handler or (lambda ctx: self.handled.append(ctx.message_id)),
                                       batch_handler=None)
-        self.pipe = Pipeline(self.batches, dead, commit=self.commits.append)
+        self.pipe = Pipeline(self.batches, dead, commit=self.commits.append,
+                             light_below=light_below)
         self.offset = 0
 
     def records(self, count: int) -> tuple[list[Any], list[str]]:
@@ -223,6 +225,36 @@ def test_the_timeline_of_the_module_docstring(harness: Harness) -> None:
     committed = [b for b in seen if b.stage is BatchStage.COMMITTED]
     assert committed == seen[:len(committed)]
     assert harness.commits == [b.ends for b in committed]
+
+
+def test_a_consumer_that_keeps_up_lands_every_round_trip_at_once() -> None:
+    harness = Harness(light_below=10)
+    stages: list[dict[int, BatchStage]] = []  # per poll: each batch's stage after it
+    seen: list[Batch] = []
+
+    def poll(count: int, supply: list[list[Any]] | None = None) -> None:
+        harness.poll(count, supply=supply)
+        seen.extend(b for b in harness.pipe.held() if b not in seen)
+        stages.append({seen.index(b): b.stage for b in seen})
+
+    try:
+        for _ in range(6):  # light reads (3 < 10 records), one per poll: a consumer keeping up
+            poll(3)
+        light = len(seen)
+        full = [harness.records(12)[0] for _ in range(8)]  # full reads: it fell behind
+        while full:
+            poll(0, full)
+    finally:
+        harness.close()
+
+    def when(batch: int, stage: BatchStage) -> int:
+        return next(k for k, at in enumerate(stages) if at.get(batch) is stage)
+    # Light reads: claimed in the poll that read them, handled and committed in the next.
+    for b in range(light - 1):
+        assert when(b, BatchStage.COMMITTED) - when(b, BatchStage.CLAIMED) == 1, (b, stages)
+    # Full reads: round trips overlap again (claims in flight while a batch is handled).
+    assert any(BatchStage.CLAIMING in at.values() for at in stages[light:]), stages[light:]
+    assert all(BatchStage.CLAIMING not in at.values() for at in stages[:light]), stages[:light]
 
 
 def test_a_lone_message_is_handled_in_the_poll_that_read_it(harness: Harness) -> None:
