@@ -40,7 +40,8 @@ def demo(cli: CliContext, *, messages: int, spark: bool | None, rate: float | No
     \b
     1. Starts Kafka and Redis if they are not running.
     2. A producer process sends N orders (persist-first outbox, TTL) and is SIGKILLed
-       mid-way; a new one sends the rest and recovers what the first left in the outbox.
+       mid-way; a new one (delayed mode) sends the rest and recovers what the first left
+       in the outbox.
        Some orders are produced twice on purpose (the same envelope), some are written
        with a TTL that already passed, and malformed records go straight to the topic.
     3. A consumer scope handles them with a Redis-transactional handler and is SIGKILLed and

@@ -2,7 +2,9 @@
 
 The record keeps its key, value and headers; eoguard adds headers saying why and from where:
 
-    eoguard.error.type       the error class (e.g. BadMagicError, HandlerFailed, Expired)
+    eoguard.error.kind       why (DeadLetterReason): malformed, handler-failed, expired,
+                             partial-effects
+    eoguard.error.type       the error class (e.g. BadMagicError, ValueError, Expired)
     eoguard.error.reason     the error text (truncated to 1 kB)
     eoguard.error.attempts   handler attempts made (0 when it never reached the handler)
     eoguard.source.topic / eoguard.source.partition / eoguard.source.offset
