@@ -24,8 +24,8 @@ from eoguard.envelope import canonical_id
 from eoguard.errors import EoguardError, InvalidInputError, StoreUnavailableError
 from eoguard.redaction import redact_url
 from eoguard.store.client import connect
-from eoguard.store.keys import DEFAULT_SHARDS, KeySpace
-from eoguard.store.layout import recorded_shards
+from eoguard.store.keys import DEFAULT_MAX_TTL_MS, DEFAULT_SHARDS, KeySpace
+from eoguard.store.layout import recorded_layout
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -97,12 +97,14 @@ class CliContext:
     prefix: str
     shards: int | None  # None: the prefix's recorded layout, read on connect
     as_json: bool
+    max_ttl_ms: int = DEFAULT_MAX_TTL_MS  # the prefix's recorded layout's, read on connect
     redis_url_explicit: bool = False  # given on the command line (not the default)
     _client: redis.Redis[bytes] | None = field(default=None, repr=False)
 
     @property
     def keys(self) -> KeySpace:
-        return KeySpace(prefix=self.prefix, shards=self.shards or DEFAULT_SHARDS)
+        return KeySpace(prefix=self.prefix, shards=self.shards or DEFAULT_SHARDS,
+                        max_ttl_ms=self.max_ttl_ms)
 
     def client(self) -> redis.Redis[bytes]:
         """A connected client (pinged once, so an unreachable Redis fails here, cleanly)."""
@@ -117,7 +119,10 @@ class CliContext:
                     # redis-py's message may quote part of the password: not shown.
                     f"bad Redis URL {redact_url(self.redis_url)!r} ({type(exc).__name__})") from None
             client.ping()
-            recorded = recorded_shards(client, self.prefix)
+            layout = recorded_layout(client, self.prefix)
+            recorded = layout.shards if layout is not None else None
+            if layout is not None and layout.max_ttl_ms is not None:
+                self.max_ttl_ms = layout.max_ttl_ms
             if self.shards is None:
                 self.shards = recorded
             elif recorded is not None and recorded != self.shards:

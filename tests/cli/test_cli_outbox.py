@@ -10,6 +10,8 @@ import pytest
 from eoguard.codec import EnvelopeCodec, PayloadCodec
 from eoguard.codec.schemas import SCHEMA_DIR_ENV, _default_registry
 from eoguard.config import KeepUntil
+from eoguard.store.keys import KeySpace
+from eoguard.store.layout import check_layout, recorded_layout
 from eoguard.store.outbox import Outbox, RecordState
 from tests.cli.conftest import ORDER, outbox_record
 from tests.schema_versions import schema_dir
@@ -151,6 +153,19 @@ def test_resend_stuck_through_recovery(run_cli, redis_client, seeded, kafka_boot
         assert box.get(message_id).state is RecordState.PENDING
     again = as_json(run_cli("--json", "outbox", "resend", "--stuck", "--dry-run"))
     assert again["candidates"] == []
+
+
+def test_resend_on_a_prefix_laid_out_with_its_own_max_ttl(run_cli, redis_client, seeded,
+                                                          kafka_bootstrap, as_json) -> None:
+    # The resend's producer takes the recorded layout (shards and max_ttl), not the defaults:
+    # with the defaults its layout check would refuse the prefix.
+    custom = KeySpace(prefix=seeded.keys.prefix, shards=seeded.keys.shards,
+                      max_ttl_ms=90 * 86_400_000)
+    check_layout(redis_client, custom)
+    data = as_json(run_cli("--json", "outbox", "resend", "--stuck", "--yes",
+                           "--bootstrap-servers", kafka_bootstrap))
+    assert (data["claimed"], data["resent"], data["unacknowledged"]) == (2, 2, 0)
+    assert recorded_layout(redis_client, seeded.keys.prefix).max_ttl_ms == custom.max_ttl_ms
 
 
 def test_resend_named_ids(run_cli, redis_client, seeded, kafka_bootstrap, as_json) -> None:

@@ -13,7 +13,7 @@ import redis
 from eoguard.envelope import new_message_id, now_ms
 from eoguard.modes import KeepUntil
 from eoguard.store.dedup import BatchState, Claim, DedupStore, IdState, position
-from eoguard.store.keys import KeySpace
+from eoguard.store.keys import DEFAULT_MAX_TTL_MS, KeySpace
 from eoguard.store.outbox import Outbox, OutboxRecord
 from eoguard_spark.claims import claim_partition
 from eoguard_spark.dedup import batch_token
@@ -27,7 +27,8 @@ TOKEN = batch_token(READER, "6f1c0d2e-query", 7)
 
 def settings(redis_url: str, key_prefix: str, **overrides: Any) -> ClaimSettings:
     values: dict[str, Any] = {"lease_ms": 60_000, "grace_ms": 60_000, "busy_wait_ms": 0,
-                                 "batch_size": 3, "key_shards": 4, "token": TOKEN}
+                                 "batch_size": 3, "key_shards": 4, "token": TOKEN,
+                                 "max_ttl_ms": DEFAULT_MAX_TTL_MS}
     values.update(overrides)
     return ClaimSettings(redis_url=redis_url, key_prefix=key_prefix, scope=SCOPE,
                          ack_outbox=True, **values)
@@ -90,6 +91,22 @@ def test_copies_held_by_this_batch_are_duplicates_others_wait(
     entry = dedup.check(b)
     assert entry is not None
     assert (entry.token, entry.position) == (TOKEN, at(50, partition=1))  # the batch's own copy
+
+
+def test_claims_live_to_expiry_plus_grace_under_the_prefixs_own_max_ttl(
+        redis_url: str, redis_client: redis.Redis, key_prefix: str) -> None:
+    # A prefix laid out with a max_ttl beyond the default (30 days): a claim of a message
+    # expiring in 60 days must not be clamped to the default, or a copy read after day 30
+    # would find no claim and be handled again.
+    day = 86_400_000
+    conf = settings(redis_url, key_prefix, max_ttl_ms=90 * day)
+    message = new_message_id()
+    expires = now_ms() + 60 * day
+    out = claim(conf, (pa.array([message]), pa.array([at(0)]), pa.array([expires], pa.int64()),
+                       pa.array(["ok"])))
+    assert out == [["new"]]
+    key = KeySpace(prefix=key_prefix, shards=4).dedup(SCOPE, message)
+    assert redis_client.pexpiretime(key) == expires + conf.grace_ms
 
 
 def test_a_busy_claim_is_taken_over_once_its_lease_lapses(

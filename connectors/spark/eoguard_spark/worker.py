@@ -41,6 +41,7 @@ class ClaimSettings:
     redis_url: str
     key_prefix: str
     key_shards: int
+    max_ttl_ms: int  # the prefix's: claim keys are clamped to it (plus grace)
     scope: str
     lease_ms: int
     grace_ms: int
@@ -55,13 +56,14 @@ class ClaimSettings:
     @classmethod
     def of(cls, options: JobOptions) -> ClaimSettings:
         return cls(redis_url=options.redis_url, key_prefix=options.key_prefix,
-                   key_shards=options.key_shards, scope=options.scope,
+                   key_shards=options.key_shards, max_ttl_ms=options.max_ttl_ms,
+                   scope=options.scope,
                    lease_ms=int(options.lease_s * 1000), grace_ms=int(options.grace_s * 1000),
                    busy_wait_ms=int(options.busy_wait_s * 1000),
                    batch_size=options.claim_batch_size, ack_outbox=options.ack_outbox)
 
     def keyspace(self) -> KeySpace:
-        return KeySpace(prefix=self.key_prefix, shards=self.key_shards)
+        return KeySpace(prefix=self.key_prefix, shards=self.key_shards, max_ttl_ms=self.max_ttl_ms)
 
     def connect(self) -> RedisClient:
         """A client of the scope's Redis: a single node or a cluster, as the server says."""
