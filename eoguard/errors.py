@@ -19,10 +19,12 @@ root, three groups say what to do: fix the input, retry later, or re-read the st
     ├── UnavailableError            a service failed or cannot be reached: retry later, with backoff
     │   ├── StoreError              Redis refused or failed an operation
     │   │   ├── StoreUnavailableError   Redis cannot be reached (connection, timeout, auth)
+    │   │   │   └── StoreSecurityError      Redis refused the login, or its certificate is untrusted
     │   │   ├── StoreOutOfMemoryError   Redis is full (maxmemory under noeviction): OOM
     │   │   └── ReplicationTimeoutError no replica acknowledged the writes in time (WAIT)
     │   ├── BrokerError             Kafka refused or failed an operation
     │   │   └── BrokerUnavailableError  Kafka cannot be reached within the timeout
+    │   │       └── BrokerSecurityError     Kafka refused the login, or its certificate is untrusted
     │   ├── DeadLetterError         a record could not be routed to the dead-letter topic
     │   ├── PersistError            persist-first mode could not write the outbox
     │   └── BackpressureError       the in-memory queue stayed full past the send timeout
@@ -30,6 +32,8 @@ root, three groups say what to do: fix the input, retry later, or re-read the st
     │   ├── ClaimNotOwnedError      a claim was completed or released by an owner that lost it
     │   ├── ProducerClosedError     send after close
     │   └── ConsumerClosedError     poll after close
+    ├── SecurityError               credentials or a certificate were refused: fix the configuration
+    │                               (StoreSecurityError and BrokerSecurityError are both kinds)
     ├── StackError                  the local stack (Kafka, Redis, jars) failed to start
     └── DemoError                   the demo could not run (a worker crashed, a topic not created)
 """
@@ -120,6 +124,28 @@ class StoreUnavailableError(StoreError):
     """Redis cannot be reached: connection refused, timeout or authentication."""
 
 
+class SecurityError(EoguardError):
+    """A service refused our credentials, or TLS refused the service's certificate.
+
+    ``reason`` is ``"credentials"`` (wrong user or password) or ``"certificate"`` (the
+    server's certificate is not signed by a trusted CA, or names another host). The same
+    configuration fails again: a GuardedConsumer's ``poll_once`` raises it instead of
+    backing off. The message is one line and holds no secret.
+    """
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class StoreSecurityError(StoreUnavailableError, SecurityError):
+    """Redis refused the ACL user or password, or its TLS certificate is not trusted.
+
+    Also a :class:`StoreUnavailableError`: loops that retry an unreachable Redis (a
+    producer's outbox writer) retry this too, since credentials may be rotated meanwhile.
+    """
+
+
 class StoreOutOfMemoryError(StoreError):
     """Redis is full: maxmemory reached under ``noeviction`` refuses writes (an ``OOM`` reply)
     until keys expire or memory is added; retry later, nothing was written."""
@@ -136,6 +162,12 @@ class BrokerError(UnavailableError):
 
 class BrokerUnavailableError(BrokerError):
     """Kafka could not be reached within the timeout."""
+
+
+class BrokerSecurityError(BrokerUnavailableError, SecurityError):
+    """Kafka refused the SASL login, or its TLS certificate is not trusted (librdkafka's
+    ``_AUTHENTICATION`` / ``_SSL`` errors); a GuardedConsumer's poll and a GuardedProducer's
+    ``flush`` raise it."""
 
 
 class DeadLetterError(UnavailableError):

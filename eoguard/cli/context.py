@@ -23,7 +23,7 @@ import redis
 from eoguard.envelope import canonical_id
 from eoguard.errors import EoguardError, InvalidInputError, StoreUnavailableError
 from eoguard.redaction import redact_url
-from eoguard.store.client import connect
+from eoguard.store.client import connect, security_reason
 from eoguard.store.keys import DEFAULT_MAX_TTL_MS, DEFAULT_SHARDS, KeySpace
 from eoguard.store.layout import recorded_layout
 
@@ -62,10 +62,12 @@ def translate(exc: BaseException, redis_url: str) -> CliError:
     where = redact_url(redis_url)
     if isinstance(exc, EoguardError) and isinstance(exc.__cause__, redis.RedisError):
         exc = exc.__cause__  # the store wrapped it: judge by what Redis said
-    if isinstance(exc, redis.AuthenticationError) or (
-        isinstance(exc, redis.ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS"))
-    ):
+    security = security_reason(exc)
+    if security == "credentials":
         return CliError(f"Redis at {where} refused authentication: {_one_line(exc)}")
+    if security == "certificate":
+        return CliError(f"Redis at {where} has a TLS certificate this client does not trust "
+                        f"(ssl_ca_certs): {_one_line(exc)}")
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, StoreUnavailableError)):
         return CliError(f"Redis at {where} is unreachable: {_one_line(exc)}")
     if isinstance(exc, InvalidInputError):

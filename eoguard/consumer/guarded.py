@@ -68,7 +68,14 @@ from eoguard.consumer.leases import BatchLeases
 from eoguard.consumer.pipeline import Pipeline
 from eoguard.consumer.rewind import Rewinds
 from eoguard.consumer.state import ConsumerStats
-from eoguard.errors import BrokerError, ConfigError, ConsumerClosedError, StoreError, UnavailableError
+from eoguard.errors import (
+    BrokerError,
+    ConfigError,
+    ConsumerClosedError,
+    SecurityError,
+    StoreError,
+    UnavailableError,
+)
 from eoguard.kafka.consumer import KafkaConsumer, Partition
 from eoguard.kafka.sink import DeliverySink
 from eoguard.store.client import RedisClient
@@ -138,7 +145,11 @@ class GuardedConsumer:
 
     def poll_once(self) -> int:
         """Handle one batch; returns the number of records this call consumed (it reads up to
-        three batches ahead: their claims are in flight while this one is handled)."""
+        three batches ahead: their claims are in flight while this one is handled).
+
+        Redis or Kafka unavailable: the batch is re-read after a backoff. A refused login or
+        an untrusted certificate (:class:`SecurityError`) is re-read too, and raised.
+        """
         if self._closed:
             raise ConsumerClosedError("poll after close")
         raw: list[Message] = []
@@ -163,6 +174,8 @@ class GuardedConsumer:
             pipe.handle(batch)  # Steps 5-6; Steps 7-8 when its done marks land
         except UnavailableError as exc:
             self._rewind(raw, exc)
+            if isinstance(exc, SecurityError):
+                raise  # wrong credentials or an untrusted certificate: a retry fails too
         else:
             self._outage_s = 0.0
         return consumed

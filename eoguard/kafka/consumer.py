@@ -15,6 +15,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from eoguard.errors import BrokerError, BrokerUnavailableError
+from eoguard.kafka.security import client_config
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,9 @@ class KafkaConsumer:
     """One confluent-kafka consumer in a group; offsets are stored and committed explicitly."""
 
     def __init__(self, conf: Mapping[str, Any]) -> None:
+        conf, self._security = client_config(conf)
         try:
-            self._consumer = Consumer(dict(conf))
+            self._consumer = Consumer(conf)
         except KafkaException as exc:
             raise _wrap(exc, "creating a consumer") from exc
         self.transient_errors = 0
@@ -61,11 +63,18 @@ class KafkaConsumer:
             raise _wrap(exc, f"subscribing to {list(topics)}") from exc
 
     def consume(self, max_messages: int, timeout_s: float) -> list[Message]:
-        """Up to ``max_messages`` records within ``timeout_s``; error events are filtered out."""
+        """Up to ``max_messages`` records within ``timeout_s``; error events are filtered out.
+
+        Raises :class:`BrokerSecurityError` when no record came and Kafka refused the login
+        or its certificate was not trusted meanwhile.
+        """
         try:
             batch = self._consumer.consume(num_messages=max_messages, timeout=timeout_s)
         except KafkaException as exc:
             raise _wrap(exc, "consuming") from exc
+        refused = self._security.take()
+        if refused is not None and not batch:
+            raise refused
         out: list[Message] = []
         for msg in batch:
             err = msg.error()

@@ -19,6 +19,7 @@ from eoguard.errors import (
     EoguardError,
     MessageTooLargeError,
 )
+from eoguard.kafka.security import client_config
 
 __all__ = ["DeliveryCallback", "KafkaProducer", "Producible", "delivery_error", "is_unavailable"]
 
@@ -80,8 +81,9 @@ class KafkaProducer:
     """One librdkafka producer; thread-safe like the client it wraps."""
 
     def __init__(self, conf: Mapping[str, Any]) -> None:
+        conf, self._security = client_config(conf)
         try:
-            self._producer = confluent_kafka.Producer(dict(conf))
+            self._producer = confluent_kafka.Producer(conf)
         except (KafkaException, ValueError, TypeError) as exc:
             raise ConfigError(f"librdkafka refused the producer configuration: {exc}") from exc
 
@@ -129,6 +131,11 @@ class KafkaProducer:
     def flush(self, timeout_s: float) -> int:
         """Wait for outstanding deliveries (callbacks run here); returns how many remain."""
         return int(self._producer.flush(timeout_s))
+
+    def refused(self) -> BrokerError | None:
+        """The refused login or untrusted certificate librdkafka reported since the last
+        call (:class:`BrokerSecurityError`), or None."""
+        return self._security.take()
 
     def __len__(self) -> int:
         """Records handed over and not yet delivered or failed."""

@@ -15,6 +15,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from eoguard.errors import BrokerError, BrokerUnavailableError, ConfigError
+from eoguard.kafka.security import client_config
 
 
 class DeliverySink:
@@ -28,7 +29,7 @@ class DeliverySink:
     def __init__(self, conf: Mapping[str, Any], *, produce_timeout_s: float = 10.0) -> None:
         if produce_timeout_s <= 0:
             raise ConfigError(f"produce_timeout_s must be > 0, got {produce_timeout_s}")
-        self._conf = dict(conf)
+        self._conf, self._security = client_config(conf)
         self._producer: Producer | None = None
         self._failures: list[str] = []
         self.produce_timeout_s = produce_timeout_s
@@ -87,8 +88,11 @@ class DeliverySink:
         while self.pending > 0 and time.monotonic() < deadline:
             self._producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
         failures, self._failures = self._failures, []
+        refused = self._security.take()
         if self.pending > 0:
             # The unanswered records stay queued in librdkafka; callers must not move past them.
+            if refused is not None:
+                raise refused
             raise BrokerUnavailableError(f"{self.pending} record(s) not acknowledged by Kafka "
                                          f"within {timeout_s} s")
         if failures:

@@ -244,7 +244,9 @@ class GuardedProducer:
         """Wait until every sent message is settled and acknowledged or persisted and every
         record handed to Kafka is delivered; returns how many are still outstanding.
 
-        The calling thread serves the delivery reports while it waits.
+        The calling thread serves the delivery reports while it waits. Raises
+        :class:`BrokerSecurityError` instead of returning a count when messages are left and
+        Kafka refused the login or its certificate was not trusted since the last flush.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
@@ -252,6 +254,9 @@ class GuardedProducer:
                 outstanding = self._queue.depth + self._queue.marks_outstanding
             outstanding += len(self._kafka) + len(self._engine.deliveries.reports)
             if outstanding == 0 or (deadline is not None and time.monotonic() >= deadline):
+                refused = self._kafka.refused()
+                if outstanding and refused is not None:
+                    raise refused
                 return outstanding
             self._engine.serve_deliveries(0.005)
 

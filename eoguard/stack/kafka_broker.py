@@ -13,6 +13,7 @@ from confluent_kafka.admin import AdminClient
 from eoguard.errors import StackError
 from eoguard.stack import jars
 from eoguard.stack.process import ManagedProcess
+from eoguard.stack.tls import Security, write_private
 
 _LOG4J2 = """\
 status = warn
@@ -41,17 +42,31 @@ _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
 
 
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+
+
 class KafkaBroker(ManagedProcess):
-    """Broker and controller in one process on loopback; data persists across restarts."""
+    """Broker and controller in one process on loopback; data persists across restarts.
+
+    With ``security`` and ``secure_port`` a second client listener, SASL_SSL on
+    ``secure_port``, takes SCRAM-SHA-512 logins of ``security.users`` (written into the
+    metadata log when the storage is formatted) over TLS; the PLAINTEXT listener (the
+    readiness probe, topic creation) and the controller stay on loopback.
+    """
 
     name = "kafka"
 
     def __init__(self, workdir: Path, *, port: int = 19092, controller_port: int = 19093,
                  ready_timeout_s: float = 90.0, heap: str = "768m", node_id: int = 1,
                  voters: str | None = None, cluster_id: str | None = None,
-                 replicas: int = 1) -> None:
+                 replicas: int = 1, security: Security | None = None,
+                 secure_port: int | None = None) -> None:
         super().__init__(workdir, ready_timeout_s=ready_timeout_s)
+        if (security is None) != (secure_port is None):
+            raise StackError("a secured broker needs both security= and secure_port=")
         self.port = port
+        self.security = security
+        self.secure_port = secure_port
         self.controller_port = controller_port
         self.heap = heap  # the JVM's -Xmx
         self.node_id = node_id
@@ -65,18 +80,47 @@ class KafkaBroker(ManagedProcess):
         return f"127.0.0.1:{self.port}"
 
     @property
+    def secure_address(self) -> str:
+        """The SASL_SSL listener's bootstrap address (a secured broker only)."""
+        if self.secure_port is None:
+            raise StackError("this broker has no SASL_SSL listener")
+        return f"127.0.0.1:{self.secure_port}"
+
+    @property
     def _data_dir(self) -> Path:
         return self.workdir / "data"
+
+    @property
+    def _keystore(self) -> Path:
+        return self.workdir / "keystore.pem"
+
+    def _listener_lines(self) -> list[str]:
+        plain = f"PLAINTEXT://127.0.0.1:{self.port}"
+        controller = f"CONTROLLER://127.0.0.1:{self.controller_port}"
+        if self.security is None:
+            return [f"listeners={plain},{controller}", f"advertised.listeners={plain}",
+                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"]
+        secure = f"SASL_SSL://127.0.0.1:{self.secure_port}"
+        prefix = "listener.name.sasl_ssl"
+        return [
+            f"listeners={plain},{controller},{secure}",
+            f"advertised.listeners={plain},{secure}",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,"
+            "SASL_SSL:SASL_SSL",
+            f"sasl.enabled.mechanisms={SCRAM_MECHANISM}",
+            f"{prefix}.{SCRAM_MECHANISM.lower()}.sasl.jaas.config="
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+            f"{prefix}.ssl.keystore.type=PEM",
+            f"{prefix}.ssl.keystore.location={self._keystore}",
+        ]
 
     def _properties(self) -> str:
         return "\n".join([
             "process.roles=broker,controller",
             f"node.id={self.node_id}",
             f"controller.quorum.voters={self.voters}",
-            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+            *self._listener_lines(),
             "controller.listener.names=CONTROLLER",
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "inter.broker.listener.name=PLAINTEXT",
             f"log.dirs={self._data_dir}",
             "num.partitions=4",
@@ -106,16 +150,33 @@ class KafkaBroker(ManagedProcess):
         props = self.workdir / "server.properties"
         props.write_text(self._properties())
         (self.workdir / "log4j2.properties").write_text(_LOG4J2)
+        if self.security is not None:
+            # A PEM keystore is one file: the private key, then the certificate chain.
+            tls = self.security.tls
+            write_private(self._keystore, tls.key.read_text() + tls.cert.read_text())
         if (self._data_dir / "meta.properties").is_file():
             return  # formatted by an earlier start: keep the log (a restart is not a reset)
         cluster_id = self.cluster_id or uuid.uuid4().hex[:22]
         done = subprocess.run(
             [self._java(), "-cp", self._classpath(), "kafka.tools.StorageTool", "format",
-             "-t", cluster_id, "-c", str(props)],
+             "-t", cluster_id, "-c", str(props), *self._scram_arguments()],
             capture_output=True, text=True, check=False, timeout=120,
         )
         if done.returncode != 0:
             raise StackError(f"formatting Kafka storage failed: {done.stdout}{done.stderr}".strip())
+
+    def _scram_arguments(self) -> list[str]:
+        """The SCRAM credentials the format writes into the metadata log (``--add-scram``).
+
+        The format's command line is the one place the passwords pass as arguments: it
+        runs for a second, before the broker exists, on the machine that holds them anyway.
+        """
+        if self.security is None:
+            return []
+        out: list[str] = []
+        for name, password in self.security.users.items():
+            out += ["--add-scram", f"{SCRAM_MECHANISM}=[name={name},password={password}]"]
+        return out
 
     def command(self) -> list[str]:
         return [

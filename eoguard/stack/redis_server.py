@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -13,6 +14,7 @@ from redis.retry import Retry
 
 from eoguard.errors import StackError
 from eoguard.stack.process import ManagedProcess
+from eoguard.stack.tls import Security, write_private
 
 
 def ensure_redis_server() -> str:
@@ -40,25 +42,34 @@ class RedisServer(ManagedProcess):
     postpones its AOF write() for up to 2 s yet still replies, so a SIGKILL then loses writes it
     acknowledged. ``always`` writes and fsyncs once per event-loop turn before replying, which
     costs less than it sounds because eoguard batches its writes.
+
+    With ``security`` the port speaks TLS only and the default user is off: clients log in
+    as one of ``security.users`` (all commands, all keys). ``redis.conf`` then holds the
+    passwords and is written with mode 0600.
     """
 
     name = "redis"
 
     def __init__(self, workdir: Path, *, port: int = 16379, ready_timeout_s: float = 30.0,
-                 cluster_node_timeout_ms: int | None = None) -> None:
+                 cluster_node_timeout_ms: int | None = None,
+                 security: Security | None = None) -> None:
         super().__init__(workdir, ready_timeout_s=ready_timeout_s)
         self.port = port
+        self.security = security
         # Set: a Redis Cluster node (its bus on port + 10000); RedisClusterNodes joins them.
         self.cluster_node_timeout_ms = cluster_node_timeout_ms
 
     @property
     def address(self) -> str:
+        """The URL clients use (without credentials: those come from elsewhere)."""
+        if self.security is not None:
+            return f"rediss://127.0.0.1:{self.port}/0"
         return f"redis://127.0.0.1:{self.port}/0"
 
     def prepare(self) -> None:
         conf = "\n".join([
             "bind 127.0.0.1",
-            f"port {self.port}",
+            *self._listener_lines(),
             f"dir {self.workdir}",
             "daemonize no",
             "save ''",
@@ -68,7 +79,17 @@ class RedisServer(ManagedProcess):
             *self._cluster_lines(),
             "",
         ])
-        (self.workdir / "redis.conf").write_text(conf)
+        write_private(self.workdir / "redis.conf", conf)
+
+    def _listener_lines(self) -> list[str]:
+        sec = self.security
+        if sec is None:
+            return [f"port {self.port}"]
+        return ["port 0", f"tls-port {self.port}", f"tls-cert-file {sec.tls.cert}",
+                f"tls-key-file {sec.tls.key}", f"tls-ca-cert-file {sec.tls.ca}",
+                "tls-auth-clients no", "user default off",
+                *(f"user {name} on >{password} ~* &* +@all"
+                  for name, password in sec.users.items())]
 
     def _cluster_lines(self) -> list[str]:
         if self.cluster_node_timeout_ms is None:
@@ -86,7 +107,17 @@ class RedisServer(ManagedProcess):
         """A client of this node alone that fails at once (no retries) when it is down."""
         # No retries: redis-py's default retry policy spends ~3.7 s on one refused connection.
         return redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=timeout_s,
-                           socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0))
+                           socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0),
+                           **self._login())
+
+    def _login(self) -> dict[str, Any]:
+        """TLS and the first user's credentials, when the server is secured."""
+        sec = self.security
+        if sec is None:
+            return {}
+        name, password = next(iter(sec.users.items()))
+        return {"ssl": True, "ssl_ca_certs": str(sec.tls.ca), "username": name,
+                "password": password}
 
     def is_ready(self) -> bool:
         client = self.client()

@@ -7,13 +7,20 @@ must return bytes (``decode_responses=False``): outbox records hold binary Avro 
 
 from __future__ import annotations
 
+import ssl
 from typing import Any, Protocol, cast
 
 import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import OutOfMemoryError  # type: ignore[attr-defined]  # stubs predate it
 
-from eoguard.errors import StoreError, StoreOutOfMemoryError, StoreUnavailableError
+from eoguard.credentials import redis_login
+from eoguard.errors import (
+    StoreError,
+    StoreOutOfMemoryError,
+    StoreSecurityError,
+    StoreUnavailableError,
+)
 
 
 class RedisClient(Protocol):
@@ -32,11 +39,19 @@ class RedisClient(Protocol):
 def wrap_redis_error(exc: Exception, doing: str) -> StoreError:
     """The eoguard error for a redis-py exception; raise it ``from exc``.
 
-    Connection, timeout, authentication and "loading the AOF" errors mean Redis cannot be
-    used right now (:class:`StoreUnavailableError`); a full Redis (``OOM``, maxmemory reached
+    Connection, timeout and "loading the AOF" errors mean Redis cannot be used right now
+    (:class:`StoreUnavailableError`); a refused login or an untrusted TLS certificate is
+    its kind :class:`StoreSecurityError`; a full Redis (``OOM``, maxmemory reached
     under noeviction, also when a script's write hits it) is :class:`StoreOutOfMemoryError`;
     anything else is a refusal.
     """
+    security = security_reason(exc)
+    if security == "credentials":
+        return StoreSecurityError(f"Redis refused the login while {doing}: {exc}",
+                                  reason=security)
+    if security == "certificate":
+        return StoreSecurityError(f"Redis's TLS certificate is not trusted (ssl_ca_certs) "
+                                  f"while {doing}: {exc}", reason=security)
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
         return StoreUnavailableError(f"Redis is unreachable while {doing}: {exc}")
     if isinstance(exc, OutOfMemoryError) or "OOM command not allowed" in str(exc):
@@ -44,14 +59,30 @@ def wrap_redis_error(exc: Exception, doing: str) -> StoreError:
     return StoreError(f"Redis refused {doing}: {exc}")
 
 
+def security_reason(exc: BaseException) -> str | None:
+    """``"credentials"`` for a refused login, ``"certificate"`` for a TLS certificate the
+    client does not trust, else None (a redis-py exception)."""
+    if isinstance(exc, redis.AuthenticationError) or (
+            isinstance(exc, redis.ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS"))):
+        return "credentials"
+    if isinstance(exc, redis.ConnectionError) and (
+            isinstance(exc.__context__, ssl.SSLCertVerificationError)
+            or "CERTIFICATE_VERIFY_FAILED" in str(exc)):
+        return "certificate"
+    return None
+
+
 def connect(url: str, *, cluster: bool | None = None, **options: Any) -> RedisClient:
     """A redis-py client for ``url``: a ``RedisCluster`` when the server runs in cluster mode.
 
     ``cluster=None`` asks the server (``INFO cluster``, one round trip on the connection the
     single-node client then keeps); True or False skips the question. ``options`` go to
-    redis-py (timeouts, ``username``, ``password``, TLS). Raises ``ValueError``/``TypeError``
-    for a bad URL, :class:`StoreUnavailableError` when the question gets no answer.
+    redis-py (timeouts, ``username``, ``password``, TLS). Without a password in ``url`` or
+    ``options``, the login comes from the environment (:func:`eoguard.credentials.redis_login`).
+    Raises ``ValueError``/``TypeError`` for a bad URL, :class:`StoreUnavailableError` when the
+    question gets no answer.
     """
+    options = {**redis_login(url, options.get("username"), options.get("password")), **options}
     if not cluster:
         client: redis.Redis[bytes] = redis.Redis.from_url(url, **options)
         if cluster is False or not cluster_mode(client):

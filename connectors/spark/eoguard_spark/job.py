@@ -25,6 +25,7 @@ from eoguard.store.layout import check_layout
 from eoguard_spark.batch import BatchProcessor, BatchStats, ForeachBatch
 from eoguard_spark.decode import RowStatus, decode
 from eoguard_spark.options import DedupMode, JobOptions
+from eoguard_spark.redaction import redaction_conf
 from eoguard_spark.sink import reader_mismatch, recorded_reader
 
 __all__ = ["BatchProcessor", "BatchStats", "build_query", "local_session", "run"]  # re-exported
@@ -130,14 +131,15 @@ def local_session(*, master: str = "local[2]", app_name: str = "eoguard-spark",
     """A SparkSession with the Kafka and Avro connector jars in ``spark.jars`` (no download).
 
     Python workers run this interpreter (``PYSPARK_PYTHON``) unless it is set already, so
-    they import the same eoguard and pyarrow as the driver.
+    they import the same eoguard and pyarrow as the driver. Spark's redaction covers the
+    secrets the job may pass (:mod:`eoguard_spark.redaction`) unless ``conf`` says otherwise.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder: Any = (SparkSession.builder.master(master).appName(app_name)
                     .config("spark.jars", spark_jars())
                     .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
                     .config("spark.ui.enabled", "false"))
-    for key, value in (conf or {}).items():
+    for key, value in {**redaction_conf(), **(conf or {})}.items():
         builder = builder.config(key, value)
     session: SparkSession = builder.getOrCreate()
     return session

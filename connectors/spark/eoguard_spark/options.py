@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eoguard.codec import InputLimits
+from eoguard.credentials import kafka_jaas_login
 from eoguard.errors import ConfigError
 from eoguard.store.keys import DEFAULT_MAX_TTL_MS, DEFAULT_PREFIX, DEFAULT_SHARDS, KeySpace
 
@@ -117,7 +118,9 @@ class JobOptions:
 
         ``failOnDataLoss=true`` (an offset that vanished is an error, not a silent skip) and
         ``kafka.isolation.level=read_committed`` (aborted transactions never reach a handler)
-        are defaults the user may override through ``kafka_options``.
+        are defaults the user may override through ``kafka_options``. Over SASL without a
+        ``kafka.sasl.jaas.config``, the login comes from the environment
+        (:func:`eoguard.credentials.kafka_jaas_login`).
         """
         out: dict[str, str] = {
             "failOnDataLoss": "true",
@@ -129,7 +132,7 @@ class JobOptions:
         out.update(self.kafka_options)
         out["kafka.bootstrap.servers"] = self.bootstrap
         out["subscribe"] = ",".join(self.topics)
-        return out
+        return kafka_jaas_login(out)
 
     def describe(self) -> dict[str, Any]:
         """The options without secrets (Redis URL password, Kafka options), for logs."""

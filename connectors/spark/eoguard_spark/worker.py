@@ -14,13 +14,14 @@ from __future__ import annotations
 import functools
 import gc
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from eoguard.credentials import redis_login
 from eoguard.store.client import RedisClient, connect
 from eoguard.store.dedup import DedupStore
 from eoguard.store.keys import KeySpace
@@ -38,7 +39,7 @@ T = TypeVar("T")
 class ClaimSettings:
     """What an executor needs to reach the scope's dedup keys (pickled into each task)."""
 
-    redis_url: str
+    redis_url: str = field(repr=False)  # may hold a password
     key_prefix: str
     key_shards: int
     max_ttl_ms: int  # the prefix's: claim keys are clamped to it (plus grace)
@@ -52,10 +53,14 @@ class ClaimSettings:
     # and whether a done mark of it had landed before the pass (a replay of a done batch).
     token: str = ""
     token_done: bool = False
+    # The Redis login the driver found in its environment (eoguard.credentials): executors
+    # may not share that environment, so the tasks carry it.
+    login: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, options: JobOptions) -> ClaimSettings:
-        return cls(redis_url=options.redis_url, key_prefix=options.key_prefix,
+        return cls(redis_url=options.redis_url, login=redis_login(options.redis_url, None, None),
+                   key_prefix=options.key_prefix,
                    key_shards=options.key_shards, max_ttl_ms=options.max_ttl_ms,
                    scope=options.scope,
                    lease_ms=int(options.lease_s * 1000), grace_ms=int(options.grace_s * 1000),
@@ -67,7 +72,8 @@ class ClaimSettings:
 
     def connect(self) -> RedisClient:
         """A client of the scope's Redis: a single node or a cluster, as the server says."""
-        return connect(self.redis_url, socket_timeout=30, socket_connect_timeout=10)
+        return connect(self.redis_url, socket_timeout=30, socket_connect_timeout=10,
+                       **self.login)
 
     def store(self, client: RedisClient) -> DedupStore:
         return DedupStore(client, scope=self.scope, keys=self.keyspace(),
