@@ -137,6 +137,10 @@ class KafkaProducer:
         call (:class:`BrokerSecurityError`), or None."""
         return self._security.take()
 
+    def refusing(self) -> bool:
+        """Whether :meth:`refused` has an error to return."""
+        return self._security.seen()
+
     def __len__(self) -> int:
         """Records handed over and not yet delivered or failed."""
         return len(self._producer)

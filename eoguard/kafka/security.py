@@ -44,6 +44,10 @@ class SecurityWatch:
         if self._chained is not None:
             self._chained(err)
 
+    def seen(self) -> bool:
+        """Whether an error is kept (:meth:`take` would return it)."""
+        return self._error is not None
+
     def take(self) -> BrokerSecurityError | None:
         """The error seen since the last call (and forget it), or None."""
         with self._lock:

@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -246,17 +246,26 @@ class GuardedProducer:
 
         The calling thread serves the delivery reports while it waits. Raises
         :class:`BrokerSecurityError` instead of returning a count when messages are left and
-        Kafka refused the login or its certificate was not trusted since the last flush.
+        Kafka refused the login or its certificate was not trusted since the last flush
+        (at once: librdkafka would retry the login until the timeout).
         """
+        outstanding = self._settle(timeout_s, until=self._kafka.refusing)
+        refused = self._kafka.refused()
+        if outstanding and refused is not None:
+            raise refused
+        return outstanding
+
+    def _settle(self, timeout_s: float | None,
+                until: Callable[[], bool] | None = None) -> int:
+        """:meth:`flush`'s wait (cut short once ``until()``): how many messages are still
+        outstanding after it."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             with self._queue.lock:
                 outstanding = self._queue.depth + self._queue.marks_outstanding
             outstanding += len(self._kafka) + len(self._engine.deliveries.reports)
-            if outstanding == 0 or (deadline is not None and time.monotonic() >= deadline):
-                refused = self._kafka.refused()
-                if outstanding and refused is not None:
-                    raise refused
+            if outstanding == 0 or (deadline is not None and time.monotonic() >= deadline) \
+                    or (until is not None and until()):
                 return outstanding
             self._engine.serve_deliveries(0.005)
 
@@ -276,7 +285,7 @@ class GuardedProducer:
             self._queue.closed = True
             self._queue.space.notify_all()
         # Step 2.
-        self.flush(timeout_s)
+        self._settle(timeout_s)
         # Step 3.
         self._engine.stop(max(deadline - time.monotonic(), 1.0))
         self._kafka.close(0)
