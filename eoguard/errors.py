@@ -32,10 +32,12 @@ root, three groups say what to do: fix the input, retry later, or re-read the st
     │   ├── ClaimNotOwnedError      a claim was completed or released by an owner that lost it
     │   ├── ProducerClosedError     send after close
     │   └── ConsumerClosedError     poll after close
-    ├── SecurityError               credentials or a certificate were refused: fix the configuration
-    │                               (StoreSecurityError and BrokerSecurityError are both kinds)
     ├── StackError                  the local stack (Kafka, Redis, jars) failed to start
     └── DemoError                   the demo could not run (a worker crashed, a topic not created)
+
+:class:`SecurityError` is a mark, not a group: the two errors that carry it
+(StoreSecurityError, BrokerSecurityError) say credentials or a certificate were refused, so
+fix the configuration; ``except SecurityError`` catches both.
 """
 
 from __future__ import annotations
@@ -124,8 +126,9 @@ class StoreUnavailableError(StoreError):
     """Redis cannot be reached: connection refused, timeout or authentication."""
 
 
-class SecurityError(EoguardError):
-    """A service refused our credentials, or TLS refused the service's certificate.
+class SecurityError(Exception):
+    """Mark of the errors that say a service refused our credentials, or TLS refused the
+    service's certificate (not an error of its own: every one is also an EoguardError).
 
     ``reason`` is ``"credentials"`` (wrong user or password) or ``"certificate"`` (the
     server's certificate is not signed by a trusted CA, or names another host). The same

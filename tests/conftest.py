@@ -191,7 +191,9 @@ def spark() -> Iterator[SparkSession]:
     if not jars or missing:
         pytest.fail(f"the Spark connector jars are missing: {missing or 'none resolved'}",
                     pytrace=False)
-    session = (
+    from eoguard_spark.redaction import redaction_conf  # noqa: PLC0415
+
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("eoguard-spark-tests")
         .config("spark.jars", jars)
@@ -201,8 +203,10 @@ def spark() -> Iterator[SparkSession]:
         .config("spark.default.parallelism", "2")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
     )
+    for key, value in redaction_conf().items():  # as the job's own sessions (local_session)
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     yield session
     session.stop()

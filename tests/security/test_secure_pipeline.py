@@ -4,10 +4,12 @@ they printed, logged (Spark's log at INFO included) or showed in a repr."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -105,14 +107,19 @@ def test_pipeline_over_sasl_ssl_and_redis_tls(
     topic = f"secure-{uuid.uuid4().hex[:8]}"
     create_topics(secure_stack.kafka_admin, {topic: 2})
 
+    took = [time.monotonic()]
     sent, producer_repr = _produce(secure_stack, topic, key_prefix)
+    took.append(time.monotonic())
     seen, consumer_repr = _consume(secure_stack, topic, key_prefix)
+    took.append(time.monotonic())
     assert sorted(seen) == sorted(sent)
     with spark_log(spark, tmp_path / "spark.log") as spark_log_path:
         written, spark_shown = _spark_job(spark, secure_stack, topic, key_prefix,
                                           tmp_path / "job")
+    took.append(time.monotonic())
     assert written == COUNT
     status = _cli_status(secure_stack, key_prefix, login_env)
+    took.append(time.monotonic())
     assert status.returncode == 0, status.stderr
     counts = json.loads(status.stdout)
     assert counts["dedup"]["claim_keys"] == COUNT, counts["dedup"]
@@ -125,8 +132,9 @@ def test_pipeline_over_sasl_ssl_and_redis_tls(
              "reprs": "\n".join([producer_repr, consumer_repr, *spark_shown]),
              **{str(path): path.read_text() for path in secure_stack.logs}}
     grepped = ", ".join(f"{name} ({len(text)} chars)" for name, text in texts.items())
+    phases = " / ".join(f"{b - a:.1f}" for a, b in itertools.pairwise(took))
     print(f"secure pipeline: {len(sent)} sent, {len(seen)} consumed, {written} written by "
-          f"Spark; grepped {grepped}")
+          f"Spark (producer / consumer / Spark job / CLI: {phases} s); grepped {grepped}")
     leaks = [name for name, text in texts.items()
              for secret in secure_stack.secrets if secret in text]
     assert not leaks, f"a password appears in {leaks}"
