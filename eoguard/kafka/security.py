@@ -39,10 +39,16 @@ class SecurityWatch:
         reason = _REASONS.get(err.code())
         if reason is not None:
             text = " ".join(str(err.str()).split())
+            error = BrokerSecurityError(f"{_WHAT[reason]}: {text}", reason=reason)
             with self._lock:
-                self._error = BrokerSecurityError(f"{_WHAT[reason]}: {text}", reason=reason)
+                first, self._error = self._error is None, error
+            if first:
+                log.warning("%s", error)
         if self._chained is not None:
             self._chained(err)
+        elif reason is None:
+            # What librdkafka logs itself when no error_cb is set (it retries these).
+            log.info("librdkafka: %s", err.str())
 
     def seen(self) -> bool:
         """Whether an error is kept (:meth:`take` would return it)."""
