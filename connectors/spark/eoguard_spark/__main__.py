@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from eoguard.errors import ConfigError
+from eoguard.errors import ConfigError, SecurityError
 from eoguard.store.keys import DEFAULT_MAX_TTL_MS, DEFAULT_PREFIX, DEFAULT_SHARDS
 from eoguard_spark.options import DedupMode, JobOptions
 
@@ -129,6 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except SecurityError as exc:  # a refused login, an untrusted certificate: one line
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     query.awaitTermination()
     return 0
 
