@@ -31,7 +31,8 @@ root, three groups say what to do: fix the input, retry later, or re-read the st
     ├── StateError                  the state forbids the call: re-read it or stop; a retry fails too
     │   ├── ClaimNotOwnedError      a claim was completed or released by an owner that lost it
     │   ├── ProducerClosedError     send after close
-    │   └── ConsumerClosedError     poll after close
+    │   ├── ConsumerClosedError     poll after close
+    │   └── ConsumerFencedError     librdkafka failed the consumer for good: close it, start anew
     ├── StackError                  the local stack (Kafka, Redis, jars) failed to start
     └── DemoError                   the demo could not run (a worker crashed, a topic not created)
 
@@ -207,6 +208,12 @@ class ProducerClosedError(StateError):
 
 class ConsumerClosedError(StateError):
     """``poll_once`` or ``run`` was called after the consumer was closed."""
+
+
+class ConsumerFencedError(StateError):
+    """librdkafka failed the consumer for good (a fatal error: another member holds its
+    ``group.instance.id``, or Kafka fenced it after a coordinator moved); it never consumes
+    again, so ``poll_once`` raises instead of retrying: close it and start a new consumer."""
 
 
 # --- The tools around the library ------------------------------------------------------------

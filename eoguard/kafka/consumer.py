@@ -3,7 +3,7 @@
 Errors from confluent-kafka are wrapped at this boundary (BrokerError, BrokerUnavailableError).
 Partition EOF events are not errors and are dropped; other per-message errors that librdkafka
 reports as non-fatal (a broker briefly down) are counted and skipped, since librdkafka retries
-them itself.
+them itself. A fatal one (the consumer fenced) is a ConsumerFencedError: no retry can help.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from eoguard.errors import BrokerError, BrokerUnavailableError
+from eoguard.errors import BrokerError, BrokerUnavailableError, ConsumerFencedError
 from eoguard.kafka.security import client_config
 
 log = logging.getLogger(__name__)
@@ -25,8 +25,16 @@ RebalanceHook = Callable[[list[Partition]], None]
 _UNAVAILABLE = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT}
 
 
-def _wrap(exc: KafkaException, doing: str) -> BrokerError:
+def _is_fatal(err: KafkaError) -> bool:
+    """A fatal error leaves the client unusable. An error event reports it with the code
+    ``_FATAL`` and ``fatal()`` False (the original error is librdkafka's fatal error)."""
+    return bool(err.fatal()) or err.code() in (KafkaError._FATAL, KafkaError.FENCED_INSTANCE_ID)
+
+
+def _wrap(exc: KafkaException, doing: str) -> BrokerError | ConsumerFencedError:
     err = exc.args[0] if exc.args else None
+    if isinstance(err, KafkaError) and _is_fatal(err):
+        return ConsumerFencedError(f"Kafka failed the consumer for good while {doing}: {err}")
     if isinstance(err, KafkaError) and err.code() in _UNAVAILABLE:
         return BrokerUnavailableError(f"Kafka is unreachable while {doing}: {err}")
     return BrokerError(f"Kafka refused {doing}: {err or exc}")
@@ -82,8 +90,8 @@ class KafkaConsumer:
                 out.append(msg)
             elif err.code() == KafkaError._PARTITION_EOF:
                 continue
-            elif err.fatal():
-                raise BrokerError(f"fatal consumer error: {err}")
+            elif _is_fatal(err):
+                raise ConsumerFencedError(f"fatal consumer error: {err}")
             else:
                 self.transient_errors += 1
                 log.warning("consumer error (librdkafka retries): %s", err)

@@ -65,7 +65,8 @@ class Worker:
 
 
 def effect_counts(client: redis.Redis, keys: KeySpace, scope: str) -> tuple[set[str], dict[str, int]]:
-    """The ids in the scope's "seen" sets and every per-id counter's value."""
+    """The ids in the scope's "seen" sets and every per-id counter's value (GETs pipelined,
+    not one MGET: the counters of several shards span slots, which a Redis Cluster refuses)."""
     seen: set[str] = set()
     for key in client.scan_iter(match=keys.effect_pattern(scope, "seen"), count=1000):
         seen |= {m.decode() for m in client.smembers(key)}
@@ -73,7 +74,10 @@ def effect_counts(client: redis.Redis, keys: KeySpace, scope: str) -> tuple[set[
     counts: dict[str, int] = {}
     for start in range(0, len(counter_keys), 1000):
         chunk = counter_keys[start:start + 1000]
-        for key, value in zip(chunk, client.mget(chunk), strict=True):
+        pipe = client.pipeline(transaction=False)
+        for key in chunk:
+            pipe.get(key)
+        for key, value in zip(chunk, pipe.execute(), strict=True):
             counts[key.decode().rsplit("count:", 1)[1]] = int(value)
     return seen, counts
 

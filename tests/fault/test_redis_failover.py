@@ -32,6 +32,7 @@ from eoguard.store.keys import KeySpace
 from eoguard.store.outbox import Outbox
 from eoguard.store.scripts import Scripts
 from tests.consumer_kit import consumer_config
+from tests.fault.consumer_fault_kit import effect_counts
 from tests.integration.test_outbox_store import record
 
 pytestmark = [pytest.mark.fault, pytest.mark.cluster(only=True)]
@@ -167,7 +168,7 @@ def test_guaranteed_messages_are_handled_once_across_a_master_failover(
         promised = set(guaranteed)
     deadline = time.monotonic() + (120 if durability == "replicated" else 30)
     while True:
-        seen, counts = _effects(client, keys, "fo")
+        seen, counts = effect_counts(client, keys, "fo")
         if promised <= seen or time.monotonic() > deadline:
             break
         time.sleep(1.0)
@@ -241,20 +242,6 @@ def _nodes(port: int) -> dict[str, dict[str, str]]:
         out[node["node_id"]] = {"flags": node["flags"], "slots": node["slots"],
                                 "port": address.rsplit(":", 1)[1]}
     return out
-
-
-def _effects(client, keys: KeySpace, scope: str) -> tuple[set[str], dict[str, int]]:
-    """The ids in the scope's "seen" sets and every per-id counter (GETs pipelined per slot:
-    the fault kit's MGET spans slots, which a cluster refuses)."""
-    seen: set[str] = set()
-    for key in client.scan_iter(match=keys.effect_pattern(scope, "seen"), count=1000):
-        seen |= {m.decode() for m in client.smembers(key)}
-    names = list(client.scan_iter(match=keys.effect_pattern(scope, "count:*"), count=5000))
-    pipe = client.pipeline(transaction=False)
-    for name in names:
-        pipe.get(name)
-    return seen, {name.decode().rsplit("count:", 1)[1]: int(value)
-                  for name, value in zip(names, pipe.execute(), strict=True)}
 
 
 def _master_of(client: RedisCluster, key: str) -> Victim:

@@ -9,7 +9,8 @@ Environment:
                           Prints ``PAUSE <where> <N>`` first, so the test can SIGKILL it there.
   EOG_FAIL_TASKS          ``1``: a UDF before the claims fails the first attempt of every task
                           of partition 0 at its 30th row, once earlier rows are claimed.
-Prints ``STATS <json>`` per batch and ``FINISHED`` when the query ends.
+Prints ``STATS <json>`` per batch, then ``EXECUTORS <n>`` (executor processes besides the
+driver: 0 in local mode) and ``FINISHED`` when the query ends.
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ def main() -> None:
     transform = failing_transform(options) if os.environ.get("EOG_FAIL_TASKS") == "1" else None
     query = build_query(spark, options, foreach_batch=hook, transform=transform, on_batch=report)
     query.awaitTermination()
+    executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1  # the driver's
+    print(f"EXECUTORS {executors}", flush=True)
     print("FINISHED", flush=True)
 
 

@@ -4,7 +4,9 @@
 
 Per message the handler INCRs a per-id counter and SADDs the id to a per-shard "seen" set,
 both through ctx.tx (applied with the done mark). It prints "batch <n>" before each batch it
-handles (the test kills it right after, or at random times) and runs until SIGTERM.
+handles (the test kills it right after, or at random times) and runs until SIGTERM. Fenced
+by Kafka for good (ConsumerFencedError), it prints "fenced <error>" and exits with code 3, for
+its supervisor (the test) to start a new one.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 
 from eoguard.config import ConsumerConfig, RedisConfig
 from eoguard.consumer.guarded import GuardedConsumer
+from eoguard.errors import ConsumerFencedError
 from eoguard.store.keys import KeySpace
 
 
@@ -45,7 +48,11 @@ def main() -> None:
         poll_timeout_s=0.2, lease_s=10.0, keyspace=KeySpace(prefix=prefix))
     consumer = GuardedConsumer(config, batch_handler=handle)
     print("ready", flush=True)
-    consumer.run(stop)
+    try:
+        consumer.run(stop)
+    except ConsumerFencedError as exc:
+        print(f"fenced {exc}", flush=True)
+        sys.exit(3)
     print(f"stopped {consumer.stats()}", flush=True)
 
 

@@ -9,7 +9,8 @@ process with SIGKILL at a random point and checks that every reported id reaches
 
 With ``--orders N`` it sends orders 0..N-1 once each, under ids derived from the order
 number (``message_id_for("orders", ...)``), as an application that may send the same order
-again after its own crash; then it waits until all are guaranteed and exits.
+again after its own crash; then it waits until all are guaranteed and exits. With
+``--until-file F`` it sends until F exists, then closes (flushing what is in flight) and exits.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def main() -> None:
     parser.add_argument("--orders", type=int, default=0,
                         help="send this many orders keyed by order number, then exit")
     parser.add_argument("--recover", action="store_true", help="recover on start")
+    parser.add_argument("--until-file", default="",
+                        help="stop sending once this file exists, close the producer, exit")
     parser.add_argument("--delay-ms", type=int, default=0,
                         help="delayed mode: fixed delay (min = max); 0 = the adaptive default")
     args = parser.parse_args()
@@ -69,13 +72,14 @@ def main() -> None:
                     time.sleep(ahead)
         producer.close()
         raise SystemExit(0 if all(h.guaranteed for h in handles) else 1)
-    while True:
+    while not (args.until_file and i % 100 == 0 and os.path.exists(args.until_file)):
         producer.send(args.topic, b"payload-%08d" % i + b"." * 180, key=b"k%d" % (i % 32))
         i += 1
         if args.rate and i % 100 == 0:
             ahead = i / args.rate - (time.monotonic() - started)
             if ahead > 0:
                 time.sleep(ahead)
+    producer.close()
 
 
 if __name__ == "__main__":
