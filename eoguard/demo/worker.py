@@ -4,9 +4,12 @@ The demo runs them as subprocesses so it can SIGKILL them mid-way, as a crash wo
 
 producer: a GuardedProducer (persist-first, keep_until=consumed) sends orders at a steady rate
 and writes its ledger, one line per event, flushed line by line so a SIGKILL loses none that
-were written: ``S <seq> <id>`` sent, ``G <id>`` guaranteed, ``F <id> <reason>`` failed,
-``D <id>`` produced a second time on purpose (the very same envelope bytes, read back from the
-outbox, as an application retry would). At the end it writes its ``stats()``.
+were written: ``S <seq> <id>`` sent, ``X <id> <expires_at_ms>`` its expiry, ``G <id>``
+guaranteed, ``F <id> <reason>`` failed, ``R <seq> <error>`` refused by ``send`` (a typed error
+while Redis or Kafka is down: the application keeps it), ``D <id>`` produced a second time on
+purpose (the very same envelope bytes, read back from the outbox, as an application retry
+would). ``--mode delayed`` runs the delayed mode; ``--short-every N`` gives every N-th message
+``--short-ttl-s``. At the end it writes its ``stats()``.
 
 consumer: a GuardedConsumer in one scope with a Redis-transactional handler: it counts each
 handling in a hash (``HINCRBY handled <id> 1``) inside the done mark's script, so the count is
@@ -65,6 +68,7 @@ def run_producer(args: argparse.Namespace) -> int:
 
     from eoguard.config import KeepUntil, PersistenceMode, ProducerConfig, RedisConfig  # noqa: PLC0415
     from eoguard.demo.plan import ORDER_SCHEMA, make_order  # noqa: PLC0415
+    from eoguard.errors import EoguardError  # noqa: PLC0415
     from eoguard.producer.guarded import GuardedProducer  # noqa: PLC0415
     from eoguard.producer.messages import SendHandle  # noqa: PLC0415
     from eoguard.store.keys import KeySpace  # noqa: PLC0415
@@ -73,9 +77,11 @@ def run_producer(args: argparse.Namespace) -> int:
     ledger = Ledger(Path(args.ledger))
     keys = KeySpace(prefix=args.prefix)
     config = ProducerConfig(
-        kafka={"bootstrap.servers": args.bootstrap, "linger.ms": 5, "message.timeout.ms": 15_000},
-        redis=RedisConfig(url=args.redis_url), mode=PersistenceMode.PERSIST_FIRST,
-        keep_until=KeepUntil.CONSUMED, lease_s=args.lease_s, recover_interval_s=0.5,
+        kafka={"bootstrap.servers": args.bootstrap, "linger.ms": 5,
+               "message.timeout.ms": args.message_timeout_ms},
+        redis=RedisConfig(url=args.redis_url, durability=args.durability),
+        mode=PersistenceMode(args.mode), keep_until=KeepUntil.CONSUMED,
+        resend_after_s=args.resend_after_s, lease_s=args.lease_s, recover_interval_s=0.5,
         keyspace=keys, instance_id=f"{args.name}-{os.getpid()}")
     producer = GuardedProducer(
         config, on_guaranteed=lambda h: ledger.write(f"G {h.id}"),
@@ -89,7 +95,10 @@ def run_producer(args: argparse.Namespace) -> int:
         # Redis first), before a consumer can have acknowledged it and deleted the record.
         if not handle.wait(10.0):
             return
-        rec = outbox.get(handle.id)
+        try:
+            rec = outbox.get(handle.id)
+        except EoguardError:  # Redis down: this retry is skipped, as an application would
+            return
         if rec is None:  # consumed (and acked) already
             return
         raw.produce(rec.topic, rec.value, rec.key, on_delivery=_ledger_delivery(ledger, handle.id))
@@ -100,9 +109,17 @@ def run_producer(args: argparse.Namespace) -> int:
         ahead_s = started + i / args.rate - time.monotonic()
         if ahead_s > 0:
             time.sleep(ahead_s)
-        handle = producer.send(args.topic, make_order(seq), key=f"customer-{seq % 997:04d}",
-                               ttl_s=args.ttl_s, schema=ORDER_SCHEMA)
+        short = bool(args.short_every) and seq % args.short_every == 1
+        try:
+            handle = producer.send(args.topic, make_order(seq), key=f"customer-{seq % 997:04d}",
+                                   ttl_s=args.short_ttl_s if short else args.ttl_s,
+                                   schema=ORDER_SCHEMA)
+        except EoguardError as exc:  # Redis or Kafka down too long: the application keeps it
+            ledger.write(f"R {seq} {type(exc).__name__}")
+            time.sleep(0.2)
+            continue
         ledger.write(f"S {seq} {handle.id}")
+        ledger.write(f"X {handle.id} {handle.expires_at_ms}")
         if args.duplicate_every and seq % args.duplicate_every == args.duplicate_every // 2:
             duplicate(handle)
     producer.flush(30.0)
@@ -144,9 +161,9 @@ def run_consumer(args: argparse.Namespace) -> int:
                # Static membership: a restarted consumer takes its predecessor's partitions
                # at once instead of waiting for the session of the killed one to time out.
                "group.instance.id": args.instance, "session.timeout.ms": 10_000},
-        redis=RedisConfig(url=args.redis_url), scope=args.scope, topics=(args.topic,),
-        dead_letter_topic=args.dead_letter_topic, keyspace=KeySpace(prefix=args.prefix),
-        lease_s=5.0, busy_wait_s=10.0, max_retries=2, grace_s=args.grace_s)
+        redis=RedisConfig(url=args.redis_url, durability=args.durability), scope=args.scope,
+        topics=(args.topic,), dead_letter_topic=args.dead_letter_topic,
+        keyspace=KeySpace(prefix=args.prefix), lease_s=args.lease_s, busy_wait_s=10.0, max_retries=2, grace_s=args.grace_s)
     consumer = GuardedConsumer(config, handler=handle)
     stats_path = Path(args.stats)
     last = 0.0
@@ -170,6 +187,7 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--prefix", required=True)
         s.add_argument("--topic", required=True)
         s.add_argument("--stats", required=True)
+        s.add_argument("--durability", choices=("local", "replicated"), default="local")
     prod = sub.choices["producer"]
     prod.add_argument("--name", required=True)
     prod.add_argument("--ledger", required=True)
@@ -179,6 +197,13 @@ def parser() -> argparse.ArgumentParser:
     prod.add_argument("--ttl-s", type=float, default=600.0)
     prod.add_argument("--duplicate-every", type=int, default=100)
     prod.add_argument("--lease-s", type=float, default=1.0)
+    prod.add_argument("--mode", choices=("persist-first", "delayed"), default="persist-first")
+    prod.add_argument("--short-every", type=int, default=0,
+                      help="every n-th message gets --short-ttl-s instead of --ttl-s; 0 = none")
+    prod.add_argument("--short-ttl-s", type=float, default=5.0)
+    prod.add_argument("--message-timeout-ms", type=int, default=15_000)
+    prod.add_argument("--resend-after-s", type=float, default=None,
+                      help="resend a record not published this long; default: the timeout + 15 s")
     prod.add_argument("--recover-after-s", type=float, default=0.0,
                       help="run a last recovery pass no earlier than this after start")
     cons = sub.choices["consumer"]
@@ -186,6 +211,7 @@ def parser() -> argparse.ArgumentParser:
     cons.add_argument("--group", required=True)
     cons.add_argument("--instance", required=True)
     cons.add_argument("--dead-letter-topic", required=True)
+    cons.add_argument("--lease-s", type=float, default=5.0)
     cons.add_argument("--grace-s", type=float, default=300.0,
                       help="dedup keys live until expires_at plus this")
     return p

@@ -1,0 +1,142 @@
+"""After the drain: docs/design.md §10 checked from the effects, ledgers, topics and Redis.
+
+``Counts`` is what one run did (its summary line); ``violations()`` lists every invariant it
+broke. Lost = guaranteed, not handled in a scope, and unexpired when the drain ended. A
+guaranteed message that expired unhandled is not excused: a short-TTL one (4 s) is counted
+and reported (a fault delayed it past its expiry, as designed); a long-TTL one (45 s) means a
+partition stalled that long, a violation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import redis
+
+from eoguard.demo import observe
+from eoguard.demo.inject import Injected
+from eoguard.store.keys import KeySpace
+from eoguard.store.outbox_admin import sweep_index
+from tests.fault.chaos.workload import LONG_TTL_S, SCOPES, SHORT_TTL_S
+
+# Keys that are structures of the key prefix, not of a message: no TTL by design.
+_STRUCTURAL = (":idx", ":meta:{layout}", ":live:{producers}", ":live:{consumers}")
+
+
+@dataclass
+class Counts:
+    """What one run sent, handled, expired, dead-lettered, lost and duplicated."""
+
+    guaranteed: int = 0
+    short: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
+    handled: dict[str, int] = field(default_factory=dict)
+    expired_short: dict[str, int] = field(default_factory=dict)
+    expired_long: dict[str, set[str]] = field(default_factory=dict)
+    lost: dict[str, set[str]] = field(default_factory=dict)
+    duplicated: dict[str, dict[str, int]] = field(default_factory=dict)
+    late: dict[str, int] = field(default_factory=dict)
+    expired_injected_handled: set[str] = field(default_factory=set)
+    malformed: int = 0
+    malformed_missing: set[tuple[int, int]] = field(default_factory=set)
+    dead_lettered: int = 0
+    duplicates_sent: int = 0
+
+    def line(self) -> str:
+        per = " ".join(f"{s}:handled={self.handled.get(s, 0)},expired={self.expired_short.get(s, 0)}"
+                       f"+{len(self.expired_long.get(s, ()))},lost={len(self.lost.get(s, ()))},"
+                       f"dup={len(self.duplicated.get(s, {}))},late={self.late.get(s, 0)}"
+                       for s in SCOPES)
+        refused = ",".join(f"{k}={v}" for k, v in sorted(self.refused.items())) or "0"
+        return (f"guaranteed={self.guaranteed} short_ttl={self.short} refused={refused} "
+                f"duplicates_sent={self.duplicates_sent} {per} malformed={self.malformed} "
+                f"dead_lettered={self.dead_lettered}")
+
+    def violations(self) -> list[str]:
+        out = []
+        for scope in SCOPES:
+            if self.lost.get(scope):
+                out.append(f"invariant 1: {len(self.lost[scope])} guaranteed unexpired messages not "
+                           f"handled in {scope}, e.g. {sorted(self.lost[scope])[:3]}")
+            if self.duplicated.get(scope):
+                out.append(f"invariant 2: handled more than once in {scope}: "
+                           f"{list(self.duplicated[scope].items())[:3]}")
+            if self.late.get(scope):
+                out.append(f"invariant 3: {self.late[scope]} handlings after expires_at in {scope}")
+            if self.expired_long.get(scope):
+                out.append(f"stall: {len(self.expired_long[scope])} {LONG_TTL_S:.0f} s TTL messages "
+                           f"expired unhandled in {scope}, e.g. {sorted(self.expired_long[scope])[:3]}")
+        if self.expired_injected_handled:
+            out.append(f"invariant 3: expired envelopes handled: {sorted(self.expired_injected_handled)[:3]}")
+        if self.malformed_missing:
+            out.append(f"invariant 4: malformed records not dead-lettered at {sorted(self.malformed_missing)}")
+        return out
+
+
+def count(client: redis.Redis, keys: KeySpace, ledgers: list[observe.LedgerView], injected: Injected,
+          dead: dict[tuple[int, int], str], drained_ms: int) -> Counts:
+    """Invariants 1-4 from the producers' ledgers, the scopes' effects and the dead letters."""
+    guaranteed: set[str] = set()
+    expires: dict[str, int] = {}
+    c = Counts()
+    for ledger in ledgers:
+        guaranteed |= ledger.guaranteed
+        expires.update(ledger.expires_ms)
+        c.duplicates_sent += len(ledger.duplicated)
+        for error, n in ledger.refused.items():
+            c.refused[error] = c.refused.get(error, 0) + n
+    short_ms = int(SHORT_TTL_S * 1000) + 1000
+    short = {m for m in guaranteed if expires[m] - _created_ms(m) <= short_ms}
+    c.guaranteed, c.short = len(guaranteed), len(short)
+    for scope in SCOPES:
+        handled = observe.effect_counts(client, keys, scope)
+        c.handled[scope] = len(handled.keys() & guaranteed)
+        missing = guaranteed - handled.keys()
+        expired = {m for m in missing if expires[m] <= drained_ms}
+        c.expired_short[scope] = len(expired & short)
+        c.expired_long[scope] = expired - short
+        c.lost[scope] = missing - expired
+        c.duplicated[scope] = {m: n for m, n in handled.items() if n != 1}
+        c.late[scope] = observe.late_count(client, keys, scope)
+        c.expired_injected_handled |= set(injected.expired_ids) & handled.keys()
+    c.malformed = len(injected.malformed)
+    c.malformed_missing = set(injected.malformed) - dead.keys()
+    c.dead_lettered = len(dead)
+    return c
+
+
+def key_lifetimes(client: redis.Redis, keys: KeySpace, last_expiry_ms: int, grace_ms: int
+                  ) -> list[str]:
+    """Invariant 6: every key of the run's prefix (handler effects aside) expires by the run's
+    last expires_at plus grace; structural keys alone may live without a TTL."""
+    bound = last_expiry_ms + grace_ms + 1000
+    out = []
+    names = [k for k in client.scan_iter(match=keys.pattern(), count=1000) if b":fx:" not in k]
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.pexpiretime(name)
+    for name, at in zip(names, pipe.execute(), strict=True):
+        text = name.decode()
+        if at == -1 and not text.endswith(_STRUCTURAL):
+            out.append(f"invariant 6: {text} has no TTL")
+        elif at > bound:
+            out.append(f"invariant 6: {text} lives {at - last_expiry_ms} ms past the last expiry")
+    return out
+
+
+def leftovers(client: redis.Redis, keys: KeySpace) -> list[str]:
+    """Invariant 5, once every message expired plus grace: no record, claim or index entry."""
+    sweep_index(client, keys, dry_run=False)
+    patterns = (keys.outbox_record_pattern(), keys.dedup_pattern(), keys.dedup_batch_pattern(),
+                keys.dedup_reowned_pattern())
+    found = [k.decode() for p in patterns for k in client.scan_iter(match=p, count=1000)]
+    entries = sum(client.zcard(keys.outbox_index(s)) for s in range(keys.shards))
+    out = [f"invariant 5: {len(found)} keys left after expiry plus grace, e.g. {found[:3]}"] if found else []
+    if entries:
+        out.append(f"invariant 5: {entries} outbox index entries left after expiry plus grace")
+    return out
+
+
+def _created_ms(message_id: str) -> int:
+    """A UUIDv7's first 48 bits are its creation time in ms."""
+    return int(message_id.replace("-", "")[:12], 16)
