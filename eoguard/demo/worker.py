@@ -163,7 +163,8 @@ def run_consumer(args: argparse.Namespace) -> int:
                "group.instance.id": args.instance, "session.timeout.ms": 10_000},
         redis=RedisConfig(url=args.redis_url, durability=args.durability), scope=args.scope,
         topics=(args.topic,), dead_letter_topic=args.dead_letter_topic,
-        keyspace=KeySpace(prefix=args.prefix), lease_s=args.lease_s, busy_wait_s=10.0, max_retries=2, grace_s=args.grace_s)
+        keyspace=KeySpace(prefix=args.prefix), lease_s=args.lease_s, busy_wait_s=10.0,
+        max_retries=2, grace_s=args.grace_s)
     consumer = GuardedConsumer(config, handler=handle)
     stats_path = Path(args.stats)
     last = 0.0

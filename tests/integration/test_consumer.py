@@ -106,6 +106,32 @@ def test_expired_never_handled_and_dead_lettered_when_asked(make, new_topic,
     assert {headers_of(m)["eoguard.error.kind"] for m in letters} == {"expired"}
 
 
+def test_a_message_that_expires_while_its_batch_is_handled_never_reaches_the_handler(
+        make, new_topic, kafka_bootstrap) -> None:
+    # Found by the seeded chaos suite (cluster seed 2): a slow batch let a short-TTL message
+    # expire after the batch's expiry check, and the handler saw it expired.
+    topic = new_topic(1)
+    short = envelope(b"short", ttl_ms=1_500)
+    first = envelope(b"slow")
+    produce(kafka_bootstrap, topic, [first, short], partition=0)
+    seen: list[str] = []
+    late: list[str] = []
+
+    def handler(ctx: HandlerContext) -> None:
+        if ctx.envelope.is_expired():
+            late.append(ctx.message_id)
+        seen.append(ctx.message_id)
+        if ctx.message_id == first.id:  # the first of the batch takes past the second's expiry
+            time.sleep(max(0.0, (short.expires_at_ms - now_ms()) / 1000 + 0.2))
+
+    consumer = make([topic], handler, batch_size=10)
+    drain([consumer], lambda: consumer.stats().polled >= 2 and consumer.stats().expired >= 1,
+          timeout_s=30)
+    assert seen == [first.id]
+    assert late == []
+    assert consumer.stats().expired == 1
+
+
 @pytest.mark.cluster
 def test_malformed_records_go_to_dead_letter_and_good_ones_around_them_are_handled(
         make, new_topic, kafka_bootstrap) -> None:

@@ -67,9 +67,11 @@ class Counts:
                 out.append(f"stall: {len(self.expired_long[scope])} {LONG_TTL_S:.0f} s TTL messages "
                            f"expired unhandled in {scope}, e.g. {sorted(self.expired_long[scope])[:3]}")
         if self.expired_injected_handled:
-            out.append(f"invariant 3: expired envelopes handled: {sorted(self.expired_injected_handled)[:3]}")
+            out.append(f"invariant 3: expired envelopes handled: "
+                       f"{sorted(self.expired_injected_handled)[:3]}")
         if self.malformed_missing:
-            out.append(f"invariant 4: malformed records not dead-lettered at {sorted(self.malformed_missing)}")
+            out.append(f"invariant 4: malformed records not dead-lettered at "
+                       f"{sorted(self.malformed_missing)}")
         return out
 
 

@@ -80,7 +80,8 @@ def test_seeded_schedule_keeps_section_10(seed: int, topology: str, request: pyt
         if not (ends.kafka_managed and ends.redis_managed):
             pytest.fail("the chaos runs kill cluster members: run them on a cluster this stack "
                         "manages (unset EOGUARD_CLUSTER_KAFKA_BOOTSTRAP / _REDIS_URL)")
-        assert isinstance(stack.kafka, KafkaCluster) and isinstance(stack.redis, RedisClusterNodes)
+        assert isinstance(stack.kafka, KafkaCluster)
+        assert isinstance(stack.redis, RedisClusterNodes)
         run = Run(ends.kafka_bootstrap, ends.redis_url, "replicated", tmp_path)
         services = Cluster(stack.kafka, stack.redis, run.topic)
         services.healthy()
