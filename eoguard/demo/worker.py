@@ -56,6 +56,22 @@ class Ledger:
         self._file.close()
 
 
+def _started(build: Callable[[], Any]) -> Any:
+    """``build()`` retried while Redis or Kafka is unreachable (or Redis out of memory) at
+    start, as a supervisor restarting the process would; gives up after two minutes."""
+    from eoguard.errors import UnavailableError  # noqa: PLC0415
+
+    deadline = time.monotonic() + 120.0
+    while True:
+        try:
+            return build()
+        except UnavailableError as exc:
+            if time.monotonic() > deadline:
+                raise
+            logging.getLogger("eoguard.demo.worker").warning("start failed, retrying: %s", exc)
+            time.sleep(1.0)
+
+
 def _ledger_delivery(ledger: Ledger, message_id: str) -> Callable[[Any, Any], None]:
     def delivered(err: Any, _msg: Any) -> None:
         if err is None:
@@ -83,12 +99,12 @@ def run_producer(args: argparse.Namespace) -> int:
         mode=PersistenceMode(args.mode), keep_until=KeepUntil.CONSUMED,
         resend_after_s=args.resend_after_s, lease_s=args.lease_s, recover_interval_s=0.5,
         keyspace=keys, instance_id=f"{args.name}-{os.getpid()}")
-    producer = GuardedProducer(
+    producer = _started(lambda: GuardedProducer(
         config, on_guaranteed=lambda h: ledger.write(f"G {h.id}"),
-        on_failed=lambda h, e: ledger.write(f"F {h.id} {type(e).__name__}"))
+        on_failed=lambda h, e: ledger.write(f"F {h.id} {type(e).__name__}")))
     raw = confluent_kafka.Producer({"bootstrap.servers": args.bootstrap, "acks": "all",
                                     "enable.idempotence": True, "linger.ms": 5})
-    outbox = Outbox(config.redis.connect(), keys)
+    outbox = Outbox(_started(config.redis.connect), keys)
     def duplicate(handle: SendHandle) -> None:
         # The same envelope bytes again, as an application that retries a send would. Read
         # from the outbox right when the message is guaranteed (persist-first: written to
@@ -165,7 +181,7 @@ def run_consumer(args: argparse.Namespace) -> int:
         topics=(args.topic,), dead_letter_topic=args.dead_letter_topic,
         keyspace=KeySpace(prefix=args.prefix), lease_s=args.lease_s, busy_wait_s=10.0,
         max_retries=2, grace_s=args.grace_s)
-    consumer = GuardedConsumer(config, handler=handle)
+    consumer = _started(lambda: GuardedConsumer(config, handler=handle))
     stats_path = Path(args.stats)
     last = 0.0
     while not stop.is_set():
