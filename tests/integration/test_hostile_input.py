@@ -96,8 +96,8 @@ def broken(draw: st.DrawFn) -> tuple[str, Any]:
     if kind == "not a uuid":
         return kind, _with(base, id=draw(st.text(max_size=60)))
     if kind == "huge expiry":
-        return kind, _with(base, expires_at_ms=draw(st.integers(
-            now_ms() + DEFAULT_MAX_TTL_MS + 86_400_000, 2**63 - 1)))
+        beyond = draw(st.integers(86_400_000, 2**62))  # past now + max_ttl + a day, up to 2**63
+        return kind, _with(base, expires_at_ms=min(now_ms() + DEFAULT_MAX_TTL_MS + beyond, 2**63 - 1))
     if kind == "expiry before creation":
         return kind, _with(base, expires_at_ms=base.created_at_ms - draw(st.integers(1, 2**40)))
     if kind == "null":
