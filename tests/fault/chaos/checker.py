@@ -9,6 +9,7 @@ partition stalled that long, a violation.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import redis
@@ -43,6 +44,8 @@ class Counts:
     malformed_missing: set[tuple[int, int]] = field(default_factory=set)
     dead_lettered: int = 0
     duplicates_sent: int = 0
+    spark: dict[str, int] = field(default_factory=dict)  # empty: no Spark scope in the run
+    spark_violations: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         per = " ".join(f"{s}:handled={self.handled.get(s, 0)},expired={self.expired_short.get(s, 0)}"
@@ -50,9 +53,10 @@ class Counts:
                        f"dup={len(self.duplicated.get(s, {}))},late={self.late.get(s, 0)}"
                        for s in SCOPES)
         refused = ",".join(f"{k}={v}" for k, v in sorted(self.refused.items())) or "0"
+        spark = ",".join(f"{k}={v}" for k, v in self.spark.items()) or "off"
         return (f"guaranteed={self.guaranteed} short_ttl={self.short} refused={refused} "
-                f"duplicates_sent={self.duplicates_sent} {per} malformed={self.malformed} "
-                f"dead_lettered={self.dead_lettered}")
+                f"duplicates_sent={self.duplicates_sent} {per} spark:{spark} "
+                f"malformed={self.malformed} dead_lettered={self.dead_lettered}")
 
     def violations(self) -> list[str]:
         out = []
@@ -74,7 +78,7 @@ class Counts:
         if self.malformed_missing:
             out.append(f"invariant 4: malformed records not dead-lettered at "
                        f"{sorted(self.malformed_missing)}")
-        return out
+        return out + self.spark_violations
 
 
 def count(client: redis.Redis, keys: KeySpace, ledgers: list[observe.LedgerView], injected: Injected,
@@ -107,6 +111,32 @@ def count(client: redis.Redis, keys: KeySpace, ledgers: list[observe.LedgerView]
     c.malformed_missing = set(injected.malformed) - dead.keys()
     c.dead_lettered = len(dead)
     return c
+
+
+def spark(c: Counts, ledgers: list[observe.LedgerView], injected: Injected,
+          rows: Counter[str], ended_ms: int) -> None:
+    """The Spark scope: each id once across all batch folders; every guaranteed message still
+    unexpired when the job ended is there (it was unexpired whenever it was read); no
+    expired envelope."""
+    guaranteed: set[str] = set()
+    expires: dict[str, int] = {}
+    for ledger in ledgers:
+        guaranteed |= ledger.guaranteed
+        expires.update(ledger.expires_ms)
+    live = {m for m in guaranteed if expires[m] > ended_ms}
+    lost = live - rows.keys()
+    twice = {m: n for m, n in rows.items() if n != 1}
+    expired_out = set(injected.expired_ids) & rows.keys()
+    c.spark = {"rows": sum(rows.values()), "unexpired_at_end": len(live), "lost": len(lost),
+               "dup": len(twice)}
+    if lost:
+        c.spark_violations.append(f"invariant 1: {len(lost)} guaranteed messages unexpired when "
+                                  f"the Spark job ended are not in its output: {sorted(lost)[:3]}")
+    if twice:
+        c.spark_violations.append(f"invariant 2: ids twice in the Spark output: {list(twice.items())[:3]}")
+    if expired_out:
+        c.spark_violations.append(f"invariant 3: expired envelopes in the Spark output: "
+                                  f"{sorted(expired_out)[:3]}")
 
 
 def key_lifetimes(client: redis.Redis, keys: KeySpace, last_expiry_ms: int, grace_ms: int

@@ -16,6 +16,7 @@ one seed alone; ``EOGUARD_CHAOS_WINDOW_S`` sets the window (full mode: 120 s).
 from __future__ import annotations
 
 import os
+import random
 import shlex
 import time
 from pathlib import Path
@@ -36,6 +37,7 @@ from eoguard.store.keys import KeySpace
 from tests.fault.chaos import checker
 from tests.fault.chaos.faults import Cluster, SingleNode
 from tests.fault.chaos.schedule import schedule
+from tests.fault.chaos.spark_scope import SparkScope
 from tests.fault.chaos.workload import GRACE_S, MESSAGE_TIMEOUT_MS, RESEND_AFTER_S, SCOPES, Run, Workload
 
 pytestmark = [pytest.mark.chaos, pytest.mark.fault, pytest.mark.integration]
@@ -57,6 +59,13 @@ def _seeds() -> list[int]:
 def _window_s() -> float:
     full = "EOGUARD_CHAOS_SEEDS" in os.environ or "EOGUARD_CHAOS_SEED" in os.environ
     return float(os.environ.get("EOGUARD_CHAOS_WINDOW_S", f"{FULL_WINDOW_S:g}" if full else "40"))
+
+
+def _with_spark(seed: int, topology: str) -> bool:
+    """The Spark job joins as a third scope where ``EOGUARD_CHAOS_SPARK`` lists the seed
+    (``all``: every single-node run); it is slow on two cores, so some runs only."""
+    wanted = os.environ.get("EOGUARD_CHAOS_SPARK", "")
+    return topology == "single" and (wanted == "all" or str(seed) in wanted.split(","))
 
 
 def _replay(seed: int, topology: str, window_s: float) -> str:
@@ -108,6 +117,12 @@ def test_seeded_schedule_keeps_section_10(seed: int, topology: str, request: pyt
         dead = observe.dead_letters(run.kafka, run.dead_letter_topic, run.topic)
         counts = checker.count(client, keys, work.ledgers(), work.injected, dead, drained_ms)
         ledgers = work.ledgers()
+        if _with_spark(seed, topology):
+            job = SparkScope(run)
+            note = job.run_with_a_kill(random.Random(f"{seed}/spark"))
+            done.append(f"spark-driver-kill@{time.monotonic() - opened:.0f}s")
+            print(f"  spark: {note}", flush=True)
+            checker.spark(counts, ledgers, work.injected, job.output(), job.ended_ms)
         last_expiry = max(e for lv in ledgers for e in lv.expires_ms.values())
         violations = counts.violations()
         violations += checker.key_lifetimes(client, keys, last_expiry, int(GRACE_S * 1000))
@@ -139,8 +154,6 @@ def test_seeded_schedule_keeps_section_10(seed: int, topology: str, request: pyt
 
 def _strike(kind: str, hold_s: float, seed: int, work: Workload, services: SingleNode | Cluster
             ) -> str:
-    import random  # noqa: PLC0415 - the fault's own draws, apart from the schedule's
-
     rng = random.Random(f"{seed}/{kind}/{hold_s}")
     if kind == "producer-kill":
         return work.kill_producer(rng, hold_s, after_guarantee=False)
