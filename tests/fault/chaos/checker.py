@@ -3,7 +3,7 @@
 ``Counts`` is what one run did (its summary line); ``violations()`` lists every invariant it
 broke. Lost = guaranteed, not handled in a scope, and unexpired when the drain ended. A
 guaranteed message that expired unhandled is not excused: a short-TTL one (4 s) is counted
-and reported (a fault delayed it past its expiry, as designed); a long-TTL one (100 s) means a
+and reported (a fault delayed it past its expiry, as designed); a long-TTL one (180 s) means a
 partition stalled that long, a violation.
 """
 

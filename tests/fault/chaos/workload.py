@@ -25,7 +25,7 @@ from eoguard.stack import create_topics
 SCOPES = ("orders", "billing")
 MODES = ("persist-first", "persist-first", "delayed")  # one producer per entry
 RATE = 30.0  # orders/s per producer: the consumers (two cores, shared) keep well ahead
-LONG_TTL_S = 100.0  # past the longest outage a fault makes (a Kafka restart: up to ~60 s here)
+LONG_TTL_S = 180.0  # past the longest fault chain here: a ~60 s Kafka restart, a zombie, the backlog
 MESSAGE_TIMEOUT_MS = 6_000  # librdkafka gives up on a delivery after this...
 RESEND_AFTER_S = 10.0  # ...and recovery resends a record not published after this
 SHORT_TTL_S = 4.0
