@@ -10,7 +10,8 @@ CI (``make test``): seeds 1 and 2 on each topology with a 40 s fault window. Ful
     EOGUARD_CHAOS_SEEDS=15 make test PYTEST_ARGS="-m chaos"      # seeds 1..15 x 2 topologies
 
 ``EOGUARD_CHAOS_SEEDS`` is a count (seeds 1..N) or a comma list; ``EOGUARD_CHAOS_SEED`` runs
-one seed alone; ``EOGUARD_CHAOS_WINDOW_S`` sets the window (full mode: 120 s).
+one seed alone; ``EOGUARD_CHAOS_WINDOW_S`` sets the window (full mode: 120 s);
+``EOGUARD_CHAOS_SPARK`` (seeds, or ``all``) adds the Spark job to single-node runs.
 """
 
 from __future__ import annotations
