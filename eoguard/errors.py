@@ -27,6 +27,7 @@ root, three groups say what to do: fix the input, retry later, or re-read the st
     │   ├── PersistError            persist-first mode could not write the outbox
     │   └── BackpressureError       the in-memory queue stayed full past the send timeout
     ├── StateError                  the state forbids the call: re-read it or stop; a retry fails too
+    │   ├── KafkaFatalError         the Kafka client is dead (a fenced static member): rebuild it
     │   ├── ClaimNotOwnedError      a claim was completed or released by an owner that lost it
     │   ├── ProducerClosedError     send after close
     │   └── ConsumerClosedError     poll after close
@@ -155,6 +156,12 @@ class BackpressureError(UnavailableError):
 
 class StateError(EoguardError):
     """The call conflicts with the current state (an object closed, a claim lost)."""
+
+
+class KafkaFatalError(StateError):
+    """The Kafka client hit a fatal error (a static member fenced by another with its
+    ``group.instance.id``, ...): it can never poll or commit again. Close the consumer and
+    build a new one; what it held is claimed again by its successor (docs/design.md §6)."""
 
 
 class ClaimNotOwnedError(StateError):

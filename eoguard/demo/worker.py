@@ -20,6 +20,7 @@ It writes its ``stats()`` every few hundred ms and on SIGTERM.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -158,6 +159,7 @@ def run_consumer(args: argparse.Namespace) -> int:
     from eoguard.consumer.guarded import GuardedConsumer  # noqa: PLC0415
     from eoguard.consumer.handler import HandlerContext  # noqa: PLC0415
     from eoguard.demo.plan import HANDLED, LATE  # noqa: PLC0415
+    from eoguard.errors import EoguardError, KafkaFatalError  # noqa: PLC0415
     from eoguard.store.keys import KeySpace  # noqa: PLC0415
 
     stop = threading.Event()
@@ -185,7 +187,13 @@ def run_consumer(args: argparse.Namespace) -> int:
     stats_path = Path(args.stats)
     last = 0.0
     while not stop.is_set():
-        consumer.poll_once()
+        try:
+            consumer.poll_once()
+        except KafkaFatalError as exc:  # fenced: this client is dead; a new one takes over
+            logging.getLogger("eoguard.demo.worker").warning("consumer rebuilt: %s", exc)
+            with contextlib.suppress(EoguardError):
+                consumer.close()
+            consumer = _started(lambda: GuardedConsumer(config, handler=handle))
         if time.monotonic() - last > 0.25:
             _write_json(stats_path, asdict(consumer.stats()))
             last = time.monotonic()

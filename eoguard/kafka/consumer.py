@@ -14,7 +14,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from eoguard.errors import BrokerError, BrokerUnavailableError
+from eoguard.errors import BrokerError, BrokerUnavailableError, KafkaFatalError
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,8 @@ class KafkaConsumer:
                 out.append(msg)
             elif err.code() == KafkaError._PARTITION_EOF:
                 continue
-            elif err.fatal():
-                raise BrokerError(f"fatal consumer error: {err}")
+            elif err.fatal() or err.code() == KafkaError._FATAL:
+                raise KafkaFatalError(f"fatal consumer error: {err}")
             else:
                 self.transient_errors += 1
                 log.warning("consumer error (librdkafka retries): %s", err)
@@ -103,6 +103,8 @@ class KafkaConsumer:
             err = exc.args[0] if exc.args else None
             if isinstance(err, KafkaError) and err.code() == KafkaError._NO_OFFSET:
                 return
+            if isinstance(err, KafkaError) and (err.fatal() or err.code() == KafkaError._FATAL):
+                raise KafkaFatalError(f"committing offsets: fatal consumer error: {err}") from exc
             raise _wrap(exc, "committing offsets") from exc
 
     def seek(self, offsets: Mapping[Partition, int]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections import Counter
 from datetime import datetime, timezone
 from decimal import Decimal
@@ -376,3 +377,30 @@ def test_running_consumer_is_live_and_gone_after_close(make, new_topic, kafka_bo
     assert live.live().is_live(idle.instance_id)
     idle.close()
     assert live.live().deadlines == {}
+
+
+def test_a_static_member_fenced_by_another_with_its_instance_id_fails_loudly(
+        make, new_topic, kafka_bootstrap) -> None:
+    # Found by the seeded chaos suite (cluster seed 4): after librdkafka's fatal "static
+    # consumer fenced" error every poll and commit failed, and the consumer went on polling
+    # as if Kafka were briefly down: its partitions never moved again.
+    from eoguard.errors import KafkaFatalError  # noqa: PLC0415
+
+    topic = new_topic(1)
+    produce(kafka_bootstrap, topic, [envelope() for _ in range(5)])
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    static = {"group.id": group, "group.instance.id": "member-a"}
+    seen, handler = recorder()
+    first = make([topic], handler, kafka=static)
+    drain([first], lambda: len(seen) >= 5)
+    second = make([topic], handler, kafka=static)
+    second.poll_once()  # joins under the same group.instance.id: the first is fenced
+
+    def poll_both_for_a_minute() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            first.poll_once()
+            second.poll_once()
+
+    with pytest.raises(KafkaFatalError):
+        poll_both_for_a_minute()
