@@ -139,6 +139,7 @@ def test_seeded_schedule_keeps_section_10(seed: int, topology: str, request: pyt
         client.close()
     finally:
         work.stop()
+        services.healthy()  # the next test (or session) finds the topology whole
     line = (f"chaos seed={seed} topology={topology} window={window_s:g}s drained={handled_all} "
             f"{counts.line()} violations={len(violations)} faults={','.join(done)}")
     print(line)
