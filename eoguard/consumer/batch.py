@@ -57,6 +57,7 @@ _DUPLICATE, _DONE_HERE, _PARTIAL_HERE = (ClaimResult.DUPLICATE, ClaimResult.DONE
 _EXPIRED = ClaimResult.EXPIRED
 _OK, _EFFECT_ERROR, _ABSENT = DoneResult.OK, DoneResult.EFFECT_ERROR, DoneResult.ABSENT
 _PARTIAL = DoneResult.PARTIAL
+_EXPIRED_IN_BATCH = StateError("expired while its batch was handled")  # marks, never raised
 
 
 class BatchProcessor:
@@ -178,29 +179,45 @@ class BatchProcessor:
             items = live
         if not items:
             return [], []
-        outputs: list[OutputRecord] = []
         if self._handler is not None:
-            env, handler = self._env, self._handler
-            for item in items:
-                item.attempts += 1
-                ctx = HandlerContext(item, item.attempts, env)
-                try:
-                    handler(ctx)
-                except Exception as exc:  # noqa: BLE001 - any handler error is a failure
-                    item.error = exc
-                    continue
-                item.error = None
-                item.effects = ctx.effects
-                if ctx.outputs:
-                    outputs += ctx.outputs
+            outputs, late = self._call_handler(items)
         else:
-            outputs = self._call_batch_handler(items)
+            late, outputs = False, self._call_batch_handler(items)
+        if late:  # expired in the batch: neither handled nor failed; the done lets them go
+            items = [item for item in items if item.error is not _EXPIRED_IN_BATCH]
         for out in outputs:
             self._sink.produce(out.topic, out.value, out.key)
         if outputs:
             self._sink.flush()
         failed = [item for item in items if item.error is not None]
         return ([item for item in items if item.error is None] if failed else items), failed
+
+    def _call_handler(self, items: list[Inbound]) -> tuple[list[OutputRecord], bool]:
+        """The per-message handler on each item; True with the outputs when some expired
+        before their turn (they are marked ``_EXPIRED_IN_BATCH``, counted and not handled)."""
+        assert self._handler is not None
+        env, handler = self._env, self._handler
+        outputs: list[OutputRecord] = []
+        late = False
+        for item in items:
+            # Each message's expiry again right before its handler: the ones before it in
+            # the batch may have taken long enough for it to expire meanwhile.
+            if item.envelope.expires_at_ms <= now_ms():
+                self._expired(item.msg, item.envelope)
+                item.error, late = _EXPIRED_IN_BATCH, True
+                continue
+            item.attempts += 1
+            ctx = HandlerContext(item, item.attempts, env)
+            try:
+                handler(ctx)
+            except Exception as exc:  # noqa: BLE001 - any handler error is a failure
+                item.error = exc
+                continue
+            item.error = None
+            item.effects = ctx.effects
+            if ctx.outputs:
+                outputs += ctx.outputs
+        return outputs, late
 
     def _call_batch_handler(self, items: list[Inbound]) -> list[OutputRecord]:
         assert self._batch_handler is not None

@@ -26,6 +26,8 @@ class LedgerView:
     guaranteed: set[str] = field(default_factory=set)
     failed: dict[str, str] = field(default_factory=dict)
     duplicated: set[str] = field(default_factory=set)
+    expires_ms: dict[str, int] = field(default_factory=dict)  # id -> expires_at_ms
+    refused: dict[str, int] = field(default_factory=dict)  # error name -> sends refused
     max_seq: int = -1
     _offset: int = 0
 
@@ -51,6 +53,12 @@ class LedgerView:
                 self.failed[message_id] = reason
             elif kind == "D":
                 self.duplicated.add(rest)
+            elif kind == "X":
+                message_id, _, expires = rest.partition(" ")
+                self.expires_ms[message_id] = int(expires)
+            elif kind == "R":
+                error = rest.partition(" ")[2]
+                self.refused[error] = self.refused.get(error, 0) + 1
         return self
 
 

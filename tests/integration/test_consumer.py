@@ -5,6 +5,8 @@ liveness leases."""
 from __future__ import annotations
 
 import os
+import time
+import uuid
 from collections import Counter
 from datetime import datetime, timezone
 from decimal import Decimal
@@ -103,6 +105,32 @@ def test_expired_never_handled_and_dead_lettered_when_asked(make, new_topic,
     letters = read_all(kafka_bootstrap, dlq, 5)
     assert sorted(headers_of(m)["eoguard.message.id"] for m in letters) == sorted(e.id for e in stale)
     assert {headers_of(m)["eoguard.error.kind"] for m in letters} == {"expired"}
+
+
+def test_a_message_that_expires_while_its_batch_is_handled_never_reaches_the_handler(
+        make, new_topic, kafka_bootstrap) -> None:
+    # Found by the seeded chaos suite (cluster seed 2): a slow batch let a short-TTL message
+    # expire after the batch's expiry check, and the handler saw it expired.
+    topic = new_topic(1)
+    short = envelope(b"short", ttl_ms=1_500)
+    first = envelope(b"slow")
+    produce(kafka_bootstrap, topic, [first, short], partition=0)
+    seen: list[str] = []
+    late: list[str] = []
+
+    def handler(ctx: HandlerContext) -> None:
+        if ctx.envelope.is_expired():
+            late.append(ctx.message_id)
+        seen.append(ctx.message_id)
+        if ctx.message_id == first.id:  # the first of the batch takes past the second's expiry
+            time.sleep(max(0.0, (short.expires_at_ms - now_ms()) / 1000 + 0.2))
+
+    consumer = make([topic], handler, batch_size=10)
+    drain([consumer], lambda: consumer.stats().polled >= 2 and consumer.stats().expired >= 1,
+          timeout_s=30)
+    assert seen == [first.id]
+    assert late == []
+    assert consumer.stats().expired == 1
 
 
 @pytest.mark.cluster
@@ -355,3 +383,30 @@ def test_running_consumer_is_live_and_gone_after_close(make, new_topic, kafka_bo
     assert live.live().is_live(idle.instance_id)
     idle.close()
     assert live.live().deadlines == {}
+
+
+def test_a_static_member_fenced_by_another_with_its_instance_id_fails_loudly(
+        make, new_topic, kafka_bootstrap) -> None:
+    # Found by the seeded chaos suite (cluster seed 4): after librdkafka's fatal "static
+    # consumer fenced" error every poll and commit failed, and the consumer went on polling
+    # as if Kafka were briefly down: its partitions never moved again.
+    from eoguard.errors import ConsumerFencedError  # noqa: PLC0415
+
+    topic = new_topic(1)
+    produce(kafka_bootstrap, topic, [envelope() for _ in range(5)])
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    static = {"group.id": group, "group.instance.id": "member-a"}
+    seen, handler = recorder()
+    first = make([topic], handler, kafka=static)
+    drain([first], lambda: len(seen) >= 5)
+    second = make([topic], handler, kafka=static)
+    second.poll_once()  # joins under the same group.instance.id: the first is fenced
+
+    def poll_both_for_a_minute() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            first.poll_once()
+            second.poll_once()
+
+    with pytest.raises(ConsumerFencedError):
+        poll_both_for_a_minute()

@@ -1,0 +1,185 @@
+"""After the drain: docs/design.md §10 checked from the effects, ledgers, topics and Redis.
+
+``Counts`` is what one run did (its summary line); ``violations()`` lists every invariant it
+broke. Lost = guaranteed, not handled in a scope, and unexpired when the drain ended. A
+guaranteed message that expired unhandled is not excused: a short-TTL one (4 s) is counted
+and reported (a fault delayed it past its expiry, as designed); a long-TTL one (180 s) means a
+partition stalled that long, a violation.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import redis
+
+from eoguard.demo import observe
+from eoguard.demo.inject import Injected
+from eoguard.envelope import now_ms
+from eoguard.store.keys import KeySpace
+from eoguard.store.outbox_admin import sweep_index
+from tests.fault.chaos.workload import LONG_TTL_S, SCOPES, SHORT_TTL_S
+
+# Keys of the key prefix itself, not of a message: the outbox index, the layout (no TTL by
+# design) and the liveness registries (a TTL renewed by the live producers and consumers).
+_STRUCTURAL = (":idx", ":meta:{layout}", ":live:{producers}", ":live:{consumers}")
+
+
+@dataclass
+class Counts:
+    """What one run sent, handled, expired, dead-lettered, lost and duplicated."""
+
+    guaranteed: int = 0
+    short: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
+    handled: dict[str, int] = field(default_factory=dict)
+    expired_short: dict[str, int] = field(default_factory=dict)
+    expired_long: dict[str, set[str]] = field(default_factory=dict)
+    lost: dict[str, set[str]] = field(default_factory=dict)
+    duplicated: dict[str, dict[str, int]] = field(default_factory=dict)
+    late: dict[str, int] = field(default_factory=dict)
+    expired_injected_handled: set[str] = field(default_factory=set)
+    malformed: int = 0
+    malformed_missing: set[tuple[int, int]] = field(default_factory=set)
+    dead_lettered: int = 0
+    duplicates_sent: int = 0
+    spark: dict[str, int] = field(default_factory=dict)  # empty: no Spark scope in the run
+    spark_violations: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        per = " ".join(f"{s}:handled={self.handled.get(s, 0)},expired={self.expired_short.get(s, 0)}"
+                       f"+{len(self.expired_long.get(s, ()))},lost={len(self.lost.get(s, ()))},"
+                       f"dup={len(self.duplicated.get(s, {}))},late={self.late.get(s, 0)}"
+                       for s in SCOPES)
+        refused = ",".join(f"{k}={v}" for k, v in sorted(self.refused.items())) or "0"
+        spark = ",".join(f"{k}={v}" for k, v in self.spark.items()) or "off"
+        return (f"guaranteed={self.guaranteed} short_ttl={self.short} refused={refused} "
+                f"duplicates_sent={self.duplicates_sent} {per} spark:{spark} "
+                f"malformed={self.malformed} dead_lettered={self.dead_lettered}")
+
+    def violations(self) -> list[str]:
+        out = []
+        for scope in SCOPES:
+            if self.lost.get(scope):
+                out.append(f"invariant 1: {len(self.lost[scope])} guaranteed unexpired messages not "
+                           f"handled in {scope}, e.g. {sorted(self.lost[scope])[:3]}")
+            if self.duplicated.get(scope):
+                out.append(f"invariant 2: handled more than once in {scope}: "
+                           f"{list(self.duplicated[scope].items())[:3]}")
+            if self.late.get(scope):
+                out.append(f"invariant 3: {self.late[scope]} handlings after expires_at in {scope}")
+            if self.expired_long.get(scope):
+                out.append(f"stall: {len(self.expired_long[scope])} {LONG_TTL_S:.0f} s TTL messages "
+                           f"expired unhandled in {scope}, e.g. {sorted(self.expired_long[scope])[:3]}")
+        if self.expired_injected_handled:
+            out.append(f"invariant 3: expired envelopes handled: "
+                       f"{sorted(self.expired_injected_handled)[:3]}")
+        if self.malformed_missing:
+            out.append(f"invariant 4: malformed records not dead-lettered at "
+                       f"{sorted(self.malformed_missing)}")
+        return out + self.spark_violations
+
+
+def count(client: redis.Redis, keys: KeySpace, ledgers: list[observe.LedgerView], injected: Injected,
+          dead: dict[tuple[int, int], str], drained_ms: int) -> Counts:
+    """Invariants 1-4 from the producers' ledgers, the scopes' effects and the dead letters."""
+    guaranteed: set[str] = set()
+    expires: dict[str, int] = {}
+    c = Counts()
+    for ledger in ledgers:
+        guaranteed |= ledger.guaranteed
+        expires.update(ledger.expires_ms)
+        c.duplicates_sent += len(ledger.duplicated)
+        for error, n in ledger.refused.items():
+            c.refused[error] = c.refused.get(error, 0) + n
+    short_ms = int(SHORT_TTL_S * 1000) + 1000
+    short = {m for m in guaranteed if expires[m] - _created_ms(m) <= short_ms}
+    c.guaranteed, c.short = len(guaranteed), len(short)
+    for scope in SCOPES:
+        handled = observe.effect_counts(client, keys, scope)
+        c.handled[scope] = len(handled.keys() & guaranteed)
+        missing = guaranteed - handled.keys()
+        expired = {m for m in missing if expires[m] <= drained_ms}
+        c.expired_short[scope] = len(expired & short)
+        c.expired_long[scope] = expired - short
+        c.lost[scope] = missing - expired
+        c.duplicated[scope] = {m: n for m, n in handled.items() if n != 1}
+        c.late[scope] = observe.late_count(client, keys, scope)
+        c.expired_injected_handled |= set(injected.expired_ids) & handled.keys()
+    c.malformed = len(injected.malformed)
+    c.malformed_missing = set(injected.malformed) - dead.keys()
+    c.dead_lettered = len(dead)
+    return c
+
+
+def spark(c: Counts, ledgers: list[observe.LedgerView], injected: Injected,
+          rows: Counter[str], ended_ms: int) -> None:
+    """The Spark scope: each id once across all batch folders; every guaranteed message still
+    unexpired when the job ended is there (it was unexpired whenever it was read); no
+    expired envelope."""
+    guaranteed: set[str] = set()
+    expires: dict[str, int] = {}
+    for ledger in ledgers:
+        guaranteed |= ledger.guaranteed
+        expires.update(ledger.expires_ms)
+    live = {m for m in guaranteed if expires[m] > ended_ms}
+    lost = live - rows.keys()
+    twice = {m: n for m, n in rows.items() if n != 1}
+    expired_out = set(injected.expired_ids) & rows.keys()
+    c.spark = {"rows": sum(rows.values()), "unexpired_at_end": len(live), "lost": len(lost),
+               "dup": len(twice)}
+    if lost:
+        c.spark_violations.append(f"invariant 1: {len(lost)} guaranteed messages unexpired when "
+                                  f"the Spark job ended are not in its output: {sorted(lost)[:3]}")
+    if twice:
+        c.spark_violations.append(f"invariant 2: ids twice in the Spark output: {list(twice.items())[:3]}")
+    if expired_out:
+        c.spark_violations.append(f"invariant 3: expired envelopes in the Spark output: "
+                                  f"{sorted(expired_out)[:3]}")
+
+
+def key_lifetimes(client: redis.Redis, keys: KeySpace, last_expiry_ms: int, grace_ms: int
+                  ) -> list[str]:
+    """Invariant 6: every key of the run's prefix (handler effects aside) expires by the run's
+    last expires_at plus grace; structural keys alone may live without a TTL."""
+    bound = last_expiry_ms + grace_ms + 1000
+    out = []
+    names = [k for k in client.scan_iter(match=keys.pattern(), count=1000) if b":fx:" not in k]
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.pexpiretime(name)
+    for name, at in zip(names, pipe.execute(), strict=True):
+        text = name.decode()
+        if text.endswith(_STRUCTURAL):  # the key prefix's own: within max_ttl + grace at most
+            if at > now_ms() + keys.max_ttl_ms + grace_ms:
+                out.append(f"invariant 6: {text} lives past max_ttl plus grace")
+        elif at == -1:
+            out.append(f"invariant 6: {text} has no TTL")
+        elif at > bound:
+            out.append(f"invariant 6: {text} lives {at - last_expiry_ms} ms past the last expiry")
+    return out
+
+
+def leftovers(client: redis.Redis, keys: KeySpace, expired: set[str] | None = None) -> list[str]:
+    """Invariant 5: no outbox record, claim or index entry of a message past its expiry plus
+    grace (``expired``: those messages alone; None: every message of the run, and no batch
+    record or re-owned hash either)."""
+    sweep_index(client, keys, dry_run=False)
+    patterns = [keys.outbox_record_pattern(), keys.dedup_pattern()]
+    if expired is None:
+        patterns += [keys.dedup_batch_pattern(), keys.dedup_reowned_pattern()]
+    found = [k.decode() for p in patterns for k in client.scan_iter(match=p, count=1000)]
+    entries = [m.decode() for s in range(keys.shards) for m in client.zrange(keys.outbox_index(s), 0, -1)]
+    if expired is not None:
+        found = [k for k in found if k.rsplit(":", 1)[1] in expired]
+        entries = [m for m in entries if m in expired]
+    out = [f"invariant 5: {len(found)} keys left after expiry plus grace, e.g. {found[:3]}"] if found else []
+    if entries:
+        out.append(f"invariant 5: {len(entries)} outbox index entries left after expiry plus grace")
+    return out
+
+
+def _created_ms(message_id: str) -> int:
+    """A UUIDv7's first 48 bits are its creation time in ms."""
+    return int(message_id.replace("-", "")[:12], 16)

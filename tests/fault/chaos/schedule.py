@@ -1,0 +1,74 @@
+"""A seed's fault schedule: which faults strike a run, and when.
+
+One ``random.Random(f"{seed}/{topology}")`` picks the faults (without repeats while the
+topology's list lasts) and their times inside the fault window, so a seed replays the same
+schedule on the same topology. Faults run one after another: one still holding (a broker
+paused, a master waiting to be replaced) delays the next instead of overlapping it, since
+two overlapping node deaths would take a three-node quorum down.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+# Faults of the application processes, on both topologies.
+WORKER_FAULTS = ("producer-kill", "producer-kill-after-guarantee", "consumer-kill-mid-batch",
+                 "consumer-kill-mid-rebalance", "consumer-zombie")
+SERVICE_FAULTS = {
+    "single": ("kafka-kill", "kafka-pause", "redis-kill-aof", "redis-pause", "redis-oom"),
+    "cluster": ("kafka-leader-kill", "kafka-restart-all", "kafka-pause", "redis-master-kill",
+                "redis-master-pause-failover", "redis-pause", "redis-oom"),
+}
+SECONDS_PER_FAULT = 14.0  # a 120 s window gets 8 faults, a 40 s one 2 or 3
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: when it strikes (s after the window opens), what, and how long it holds."""
+
+    at_s: float
+    kind: str
+    hold_s: float
+
+    def __str__(self) -> str:
+        return f"{self.kind}@{self.at_s:.0f}s"
+
+
+def schedule(seed: int, topology: str, window_s: float) -> list[Fault]:
+    """The faults of ``seed`` on ``topology`` within ``window_s`` seconds, in time order."""
+    rng = random.Random(f"{seed}/{topology}")
+    count = max(2, round(window_s / SECONDS_PER_FAULT))
+    kinds: list[str] = []
+    while len(kinds) < count:
+        pool = [*WORKER_FAULTS, *SERVICE_FAULTS[topology]]
+        rng.shuffle(pool)
+        kinds.extend(pool)
+    # Every run has at least one service fault and one worker fault.
+    chosen = kinds[:count]
+    if not set(chosen) & set(SERVICE_FAULTS[topology]):
+        chosen[0] = rng.choice(SERVICE_FAULTS[topology])
+    if not set(chosen) & set(WORKER_FAULTS):
+        chosen[-1] = rng.choice(WORKER_FAULTS)
+    times = sorted(rng.uniform(2.0, window_s - 4.0) for _ in chosen)
+    return [Fault(round(at, 1), kind, round(rng.uniform(*_HOLD_S[kind]), 1))
+            for at, kind in zip(times, chosen, strict=True)]
+
+
+# How long a fault holds before the restart or resume: (min, max) seconds.
+_HOLD_S: dict[str, tuple[float, float]] = {
+    "producer-kill": (0.5, 3.0),  # the replacement starts after this
+    "producer-kill-after-guarantee": (0.5, 3.0),
+    "consumer-kill-mid-batch": (0.2, 2.0),
+    "consumer-kill-mid-rebalance": (0.3, 1.5),  # the new member joins, then this, then the kill
+    "consumer-zombie": (12.0, 15.0),  # SIGSTOP past the lease (3 s) and the session (10 s)
+    "kafka-kill": (0.5, 4.0),
+    "kafka-leader-kill": (0.5, 4.0),
+    "kafka-restart-all": (0.5, 2.0),
+    "kafka-pause": (6.0, 12.0),  # past the Redis and request timeouts a client notices
+    "redis-kill-aof": (0.3, 3.0),
+    "redis-master-kill": (0.0, 2.0),  # after the replica took over
+    "redis-master-pause-failover": (5.0, 7.0),  # past the 2 s node timeout: replaced meanwhile
+    "redis-pause": (6.0, 8.0),  # past the clients' 5 s socket timeout
+    "redis-oom": (4.0, 8.0),
+}

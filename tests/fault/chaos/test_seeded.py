@@ -1,0 +1,203 @@
+"""Seeded fault schedules on both topologies, then every invariant of docs/design.md §10.
+
+A seed picks the faults and their times (schedule.py); the workload (workload.py) runs
+producers in both modes and consumers in two scopes through the fault window, then drains;
+the checker (checker.py) reads what happened. Each run prints one summary line (appended to
+``EOGUARD_CHAOS_LOG`` too when set) and, on a violation, fails with the command replaying it.
+
+CI (``make test``): seeds 1 and 2 on each topology with a 40 s fault window. Full mode::
+
+    EOGUARD_CHAOS_SEEDS=15 make test PYTEST_ARGS="-m chaos"      # seeds 1..15 x 2 topologies
+
+``EOGUARD_CHAOS_SEEDS`` is a count (seeds 1..N) or a comma list; ``EOGUARD_CHAOS_SEED`` runs
+one seed alone; ``EOGUARD_CHAOS_WINDOW_S`` sets the window (full mode: 120 s);
+``EOGUARD_CHAOS_SPARK`` (seeds, or ``all``) adds the Spark job to single-node runs.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shlex
+import time
+from pathlib import Path
+
+import pytest
+
+from eoguard.config import ProducerConfig, RedisConfig
+from eoguard.demo import observe
+from eoguard.envelope import now_ms
+from eoguard.producer.guarded import GuardedProducer
+from eoguard.stack import LocalStack
+from eoguard.stack.kafka_broker import KafkaBroker
+from eoguard.stack.kafka_cluster import KafkaCluster
+from eoguard.stack.redis_cluster import RedisClusterNodes
+from eoguard.stack.redis_server import RedisServer
+from eoguard.store.client import connect
+from eoguard.store.keys import KeySpace
+from tests.fault.chaos import checker
+from tests.fault.chaos.faults import Cluster, SingleNode
+from tests.fault.chaos.schedule import schedule
+from tests.fault.chaos.spark_scope import SparkScope
+from tests.fault.chaos.workload import GRACE_S, MESSAGE_TIMEOUT_MS, RESEND_AFTER_S, SCOPES, Run, Workload
+
+pytestmark = [pytest.mark.chaos, pytest.mark.fault, pytest.mark.integration]
+
+DRAIN_S = 120.0
+FULL_WINDOW_S = 120.0
+
+
+def _seeds() -> list[int]:
+    one = os.environ.get("EOGUARD_CHAOS_SEED")
+    if one:
+        return [int(one)]
+    many = os.environ.get("EOGUARD_CHAOS_SEEDS", "2")
+    if "," in many:
+        return [int(s) for s in many.split(",") if s.strip()]
+    return list(range(1, int(many) + 1))
+
+
+def _window_s() -> float:
+    full = "EOGUARD_CHAOS_SEEDS" in os.environ or "EOGUARD_CHAOS_SEED" in os.environ
+    return float(os.environ.get("EOGUARD_CHAOS_WINDOW_S", f"{FULL_WINDOW_S:g}" if full else "40"))
+
+
+def _with_spark(seed: int, topology: str) -> bool:
+    """The Spark job joins as a third scope where ``EOGUARD_CHAOS_SPARK`` lists the seed
+    (``all``: every single-node run); it is slow on two cores, so some runs only."""
+    wanted = os.environ.get("EOGUARD_CHAOS_SPARK", "")
+    return topology == "single" and (wanted == "all" or str(seed) in wanted.split(","))
+
+
+def _replay(seed: int, topology: str, window_s: float) -> str:
+    return (f"EOGUARD_CHAOS_SEED={seed} EOGUARD_CHAOS_WINDOW_S={window_s:g} make test "
+            f"PYTEST_ARGS={shlex.quote(f'-m chaos -k {topology}')}")
+
+
+@pytest.mark.parametrize("seed", _seeds())
+@pytest.mark.parametrize("topology", ["single", "cluster"])
+def test_seeded_schedule_keeps_section_10(seed: int, topology: str, request: pytest.FixtureRequest,
+                                          tmp_path: Path) -> None:
+    window_s = _window_s()
+    plan = schedule(seed, topology, window_s)
+    if topology == "single":
+        kafka: KafkaBroker = request.getfixturevalue("private_kafka")
+        redis_server: RedisServer = request.getfixturevalue("private_redis")
+        run = Run(kafka.address, redis_server.address, "local", tmp_path)
+        services: SingleNode | Cluster = SingleNode(kafka, redis_server)
+    else:
+        ends = request.getfixturevalue("cluster_stack")
+        stack = LocalStack(topology="cluster")
+        if not (ends.kafka_managed and ends.redis_managed):
+            pytest.fail("the chaos runs kill cluster members: run them on a cluster this stack "
+                        "manages (unset EOGUARD_CLUSTER_KAFKA_BOOTSTRAP / _REDIS_URL)")
+        assert isinstance(stack.kafka, KafkaCluster)
+        assert isinstance(stack.redis, RedisClusterNodes)
+        run = Run(ends.kafka_bootstrap, ends.redis_url, "replicated", tmp_path)
+        services = Cluster(stack.kafka, stack.redis, run.topic)
+        services.healthy()
+    keys = KeySpace(prefix=run.prefix)
+    work = Workload(run, window_s)
+    done: list[str] = []
+    try:
+        work.start()
+        opened = time.monotonic()
+        for fault in plan:
+            while time.monotonic() - opened < fault.at_s:
+                work.check_alive()
+                time.sleep(0.2)
+            at = time.monotonic() - opened
+            note = _strike(fault.kind, fault.hold_s, seed, work, services)
+            done.append(f"{fault.kind}@{at:.0f}s")
+            print(f"  {at:6.1f} s {fault.kind}: {note}", flush=True)
+            services.healthy()
+            work.check_alive()
+        struck = len(done)
+        handled_all = _drain(work, run, keys)
+        drained_ms = now_ms()
+        client = connect(run.redis_url)
+        dead = observe.dead_letters(run.kafka, run.dead_letter_topic, run.topic)
+        counts = checker.count(client, keys, work.ledgers(), work.injected, dead, drained_ms)
+        ledgers = work.ledgers()
+        if _with_spark(seed, topology):
+            job = SparkScope(run)
+            note = job.run_with_a_kill(random.Random(f"{seed}/spark"))
+            done.append(f"spark-driver-kill@{time.monotonic() - opened:.0f}s")
+            print(f"  spark: {note}", flush=True)
+            checker.spark(counts, ledgers, work.injected, job.output(), job.ended_ms)
+        last_expiry = max(e for lv in ledgers for e in lv.expires_ms.values())
+        violations = counts.violations()
+        violations += checker.key_lifetimes(client, keys, last_expiry, int(GRACE_S * 1000))
+        if window_s >= FULL_WINDOW_S:  # full mode: every message of the run expired plus grace
+            time.sleep(max(0.0, (last_expiry + GRACE_S * 1000 - now_ms()) / 1000 + 1.0))
+            violations += checker.leftovers(client, keys)
+        else:  # CI: those expired plus grace by now (the rest: their TTLs checked above)
+            gone_by = now_ms() - int(GRACE_S * 1000) - 1000
+            violations += checker.leftovers(client, keys, {
+                m for lv in ledgers for m, e in lv.expires_ms.items() if e <= gone_by})
+        violations += [f"worker {name} crashed (see {tmp_path}/{name}.log)" for name in work.crashed]
+        client.close()
+    finally:
+        work.stop()
+        services.healthy()  # the next test (or session) finds the topology whole
+    line = (f"chaos seed={seed} topology={topology} window={window_s:g}s drained={handled_all} "
+            f"{counts.line()} violations={len(violations)} faults={','.join(done)}")
+    print(line)
+    log = os.environ.get("EOGUARD_CHAOS_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(line + "\n")
+            for v in violations:
+                f.write(f"    {v}\n")
+    assert struck == len(plan)
+    assert counts.guaranteed > 0.5 * len(work.slots) * work.count, "too few messages guaranteed"
+    assert not violations, (f"seed {seed} on {topology} broke §10:\n  " + "\n  ".join(violations)
+                            + f"\nreplay: {_replay(seed, topology, window_s)}")
+
+
+def _strike(kind: str, hold_s: float, seed: int, work: Workload, services: SingleNode | Cluster
+            ) -> str:
+    rng = random.Random(f"{seed}/{kind}/{hold_s}")
+    if kind == "producer-kill":
+        return work.kill_producer(rng, hold_s, after_guarantee=False)
+    if kind == "producer-kill-after-guarantee":
+        return work.kill_producer(rng, hold_s, after_guarantee=True)
+    if kind == "consumer-kill-mid-batch":
+        return work.kill_consumer(rng, hold_s)
+    if kind == "consumer-kill-mid-rebalance":
+        return work.kill_in_rebalance(rng, hold_s)
+    if kind == "consumer-zombie":
+        return work.pause_consumer(rng, hold_s)
+    return services.faults[kind](rng, hold_s)
+
+
+def _drain(work: Workload, run: Run, keys: KeySpace) -> bool:
+    """Let the producers finish, keep one recovering producer running (as a deployment
+    would), and wait until every guaranteed message is handled in each scope or expired."""
+    deadline = time.monotonic() + DRAIN_S
+    while not work.producers_done() and time.monotonic() < deadline:
+        work.check_alive()
+        time.sleep(0.5)
+    recoverer = GuardedProducer(ProducerConfig(
+        kafka={"bootstrap.servers": run.kafka, "message.timeout.ms": MESSAGE_TIMEOUT_MS},
+        redis=RedisConfig(url=run.redis_url, durability=run.durability), keyspace=keys,
+        resend_after_s=RESEND_AFTER_S, lease_s=1.0, recover_interval_s=0.5, instance_id="chaos-recoverer"))
+    client = connect(run.redis_url)
+    try:
+        while time.monotonic() < deadline:
+            work.check_alive()
+            guaranteed: set[str] = set()
+            expires: dict[str, int] = {}
+            for ledger in work.ledgers():
+                guaranteed |= ledger.guaranteed
+                expires.update(ledger.expires_ms)
+            now = now_ms()
+            open_ = {m for m in guaranteed if expires[m] > now}
+            if all(open_ <= observe.effect_counts(client, keys, s).keys() for s in SCOPES):
+                time.sleep(2.0)  # anything in flight that would double-handle has time to show
+                return True
+            time.sleep(0.5)
+        return False
+    finally:
+        recoverer.close()
+        client.close()
