@@ -39,12 +39,15 @@ def check_invariants(data: dict, scopes: set[str]) -> None:
     assert data["elapsed_s"] < 120
 
 
-def test_demo_without_spark(run_cli, as_json) -> None:
-    result = run_cli("--json", "demo", "--messages", str(MESSAGES), "--no-spark")
+@pytest.mark.cluster
+def test_demo_without_spark(run_cli, as_json, topology: str) -> None:
+    result = run_cli("--json", "demo", "--messages", str(MESSAGES), "--no-spark",
+                     "--topology", topology)
     data = as_json(result)
     check_invariants(data, {"orders"})
     assert data["spark"].startswith("off")
-    print(f"demo {MESSAGES} messages without Spark: {data['elapsed_s']} s")
+    print(f"demo {MESSAGES} messages without Spark on the {topology} topology: "
+          f"{data['elapsed_s']} s")
 
 
 @pytest.mark.spark
