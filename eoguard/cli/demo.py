@@ -15,6 +15,8 @@ from eoguard.cli import render
 from eoguard.cli.context import DURATION, CliContext, CliError, json_option, pass_cli
 from eoguard.demo import DemoOptions, run_demo, spark_available
 from eoguard.demo.report import render as render_report
+from eoguard.stack import LocalStack
+from eoguard.stack.local import TOPOLOGIES
 
 _TASKS = {"guaranteed": "producers: guaranteed", "handled": "scope 'orders': handled",
           "spark": "Spark job (scope 'orders-spark')"}
@@ -31,10 +33,13 @@ _TASKS = {"guaranteed": "producers: guaranteed", "handled": "scope 'orders': han
               help="TTL of the orders.")
 @click.option("--timeout", "timeout_ms", type=DURATION, default="100s", show_default=True,
               help="Give up waiting after this long; what is missing then counts as lost.")
+@click.option("--topology", type=click.Choice(TOPOLOGIES), default=None,
+              help="The local stack to run on: single, or cluster (three Kafka nodes, a Redis "
+                   "Cluster with replicas) [default: EOGUARD_TOPOLOGY or single].")
 @json_option
 @pass_cli
 def demo(cli: CliContext, *, messages: int, spark: bool | None, rate: float | None, ttl_ms: int,
-         timeout_ms: int) -> None:
+         timeout_ms: int, topology: str | None) -> None:
     """Show the guarantee end to end on the local stack, crashes included (< 2 minutes).
 
     \b
@@ -52,30 +57,33 @@ def demo(cli: CliContext, *, messages: int, spark: bool | None, rate: float | No
     Each run uses its own topic and Redis key prefix (printed), so `eoguard --prefix
     demo-<run> status` shows what it left behind; everything expires with the TTL.
     """
-    with _redis_env(cli):
-        _run(cli, messages=messages, spark=spark, rate=rate, ttl_ms=ttl_ms, timeout_ms=timeout_ms)
+    with _redis_env(cli, topology):
+        _run(cli, messages=messages, spark=spark, rate=rate, ttl_ms=ttl_ms, timeout_ms=timeout_ms,
+             topology=topology)
 
 
 @contextlib.contextmanager
-def _redis_env(cli: CliContext) -> Iterator[None]:
-    """An explicit --redis-url reaches the stack (which then starts no Redis) and the workers."""
-    old = os.environ.get("EOGUARD_REDIS_URL")
+def _redis_env(cli: CliContext, topology: str | None) -> Iterator[None]:
+    """An explicit --redis-url reaches the stack (which then starts no Redis) and the workers:
+    through the topology's own variable (EOGUARD_REDIS_URL or EOGUARD_CLUSTER_REDIS_URL)."""
+    name = f"{LocalStack(topology=topology).env}REDIS_URL"
+    old = os.environ.get(name)
     if cli.redis_url_explicit:
-        os.environ["EOGUARD_REDIS_URL"] = cli.redis_url
+        os.environ[name] = cli.redis_url
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop("EOGUARD_REDIS_URL", None)
+            os.environ.pop(name, None)
         else:
-            os.environ["EOGUARD_REDIS_URL"] = old
+            os.environ[name] = old
 
 
 def _run(cli: CliContext, *, messages: int, spark: bool | None, rate: float | None, ttl_ms: int,
-         timeout_ms: int) -> None:
+         timeout_ms: int, topology: str | None) -> None:
     use_spark = spark_available()[0] if spark is None else spark
     options = DemoOptions(messages=messages, spark=use_spark, rate=rate, ttl_s=ttl_ms / 1000,
-                          timeout_s=timeout_ms / 1000)
+                          timeout_s=timeout_ms / 1000, topology=topology)
     err = render.err_console()
     started = time.monotonic()
 

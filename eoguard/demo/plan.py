@@ -38,6 +38,7 @@ class DemoOptions:
     spark: bool = False
     partitions: int = 4
     timeout_s: float = 100.0  # for the whole run; the report says what was still missing
+    topology: str | None = None  # the local stack's: single or cluster (None: EOGUARD_TOPOLOGY)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     @property

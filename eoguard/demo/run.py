@@ -117,7 +117,7 @@ class Demo:
         o, n, report = self.options, self.names, self.report
         deadline = started + o.timeout_s
         # Step 1.
-        ends, up = LocalStack().up()
+        ends, up = LocalStack(topology=o.topology).up()
         if up:
             self.event(f"started the local stack: {', '.join(up)}")
         self.run_dir.create()

@@ -54,12 +54,15 @@ def test_sparkline_scales_to_the_largest_value() -> None:
     assert sparkline([]) == ""
 
 
-def test_demo_without_spark(run_cli, as_json) -> None:
-    result = run_cli("--json", "demo", "--messages", str(MESSAGES), "--no-spark")
+@pytest.mark.cluster
+def test_demo_without_spark(run_cli, as_json, topology: str) -> None:
+    result = run_cli("--json", "demo", "--messages", str(MESSAGES), "--no-spark",
+                     "--topology", topology)
     data = as_json(result)
     check_invariants(data, {"orders"})
     assert data["spark"].startswith("off")
-    print(f"demo {MESSAGES} messages without Spark: {data['elapsed_s']} s")
+    print(f"demo {MESSAGES} messages without Spark on the {topology} topology: "
+          f"{data['elapsed_s']} s")
 
 
 @pytest.mark.spark
