@@ -181,6 +181,8 @@ def test_a_single_node_client_of_a_cluster_mode_server_is_refused(tmp_path) -> N
     # One script call per batch spans many hash slots: a cluster would answer CROSSSLOT to
     # every batch (a rewind forever). Refused at start instead, with what to do.
     port = free_port()
+    while port > 55535:  # a cluster node's bus is port + 10000, which must be a valid port
+        port = free_port()
     server = subprocess.Popen(
         [ensure_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
          "--appendonly", "no", "--cluster-enabled", "yes", "--dir", str(tmp_path),
