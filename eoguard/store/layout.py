@@ -64,12 +64,6 @@ def recorded_layout(client: RedisClient, prefix: str) -> Layout | None:
     return Layout.parse(fields) if fields else None
 
 
-def recorded_shards(client: RedisClient, prefix: str) -> int | None:
-    """The shard count recorded for ``prefix``, or None when no process used it yet."""
-    layout = recorded_layout(client, prefix)
-    return None if layout is None else layout.shards
-
-
 def check_layout(client: RedisClient, keys: KeySpace, *, replicas: int = 0) -> None:
     """Check at start that this process may use ``keys`` on this Redis; raise ConfigError if not.
 

@@ -21,7 +21,7 @@ from eoguard.errors import ConfigError
 from eoguard.stack.redis_server import ensure_redis_server
 from eoguard.store.client import connect
 from eoguard.store.keys import DEFAULT_MAX_TTL_MS, LAYOUT_VERSION, KeySpace
-from eoguard.store.layout import Layout, check_layout, recorded_layout, recorded_shards
+from eoguard.store.layout import Layout, check_layout, recorded_layout
 from tests.conftest import free_port
 from tests.redis_kit import acl_user
 
@@ -30,10 +30,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.cluster
 def test_first_use_records_and_a_mismatch_is_refused(redis_client, key_prefix: str) -> None:
-    assert recorded_shards(redis_client, key_prefix) is None
+    assert recorded_layout(redis_client, key_prefix) is None
     check_layout(redis_client, KeySpace(prefix=key_prefix, shards=8))
     check_layout(redis_client, KeySpace(prefix=key_prefix, shards=8))  # same layout: fine
-    assert recorded_shards(redis_client, key_prefix) == 8
     assert recorded_layout(redis_client, key_prefix) == Layout(
         shards=8, version=LAYOUT_VERSION, max_ttl_ms=DEFAULT_MAX_TTL_MS)
     with pytest.raises(ConfigError, match="laid out in 8 shards") as refused:
