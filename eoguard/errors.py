@@ -21,7 +21,8 @@ root, three groups say what to do: fix the input, retry later, or re-read the st
     │   │   ├── StoreUnavailableError   Redis cannot be reached (connection, timeout, auth)
     │   │   │   └── StoreSecurityError      Redis refused the login, or its certificate is untrusted
     │   │   ├── StoreOutOfMemoryError   Redis is full (maxmemory under noeviction): OOM
-    │   │   └── ReplicationTimeoutError no replica acknowledged the writes in time (WAIT)
+    │   │   ├── ReplicationTimeoutError no replica acknowledged the writes in time (WAIT)
+    │   │   └── FailoverUnderWayError   at start, a master lacks its replica while a node fails
     │   ├── BrokerError             Kafka refused or failed an operation
     │   │   └── BrokerUnavailableError  Kafka cannot be reached within the timeout
     │   │       └── BrokerSecurityError     Kafka refused the login, or its certificate is untrusted
@@ -158,6 +159,12 @@ class StoreOutOfMemoryError(StoreError):
 class ReplicationTimeoutError(StoreError):
     """``durability="replicated"``: fewer replicas than asked acknowledged a round trip's
     writes within the timeout (WAIT); nothing is guaranteed on them, retry."""
+
+
+class FailoverUnderWayError(StoreError):
+    """``durability="replicated"``, at start: a master has fewer replicas than asked while the
+    cluster reports a failing node (its replica was promoted, or is down): retry once the
+    failover ends. Without a failing node the same shortage is a :class:`ConfigError`."""
 
 
 class BrokerError(UnavailableError):

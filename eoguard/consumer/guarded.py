@@ -127,7 +127,6 @@ class GuardedConsumer:
         self._orphans: list[Message] = []  # consumed when that error was raised
         self._outage_s = 0.0
         self._beat_at = 0.0  # monotonic time of the next liveness heartbeat
-        self._unconfirmed = False  # offsets committed asynchronously since the last sync commit
         self._closed = False
         self._kafka = KafkaConsumer(config.kafka_config())
         self._kafka.subscribe(config.topics, on_revoke=self._on_revoke, on_lost=self._on_lost)
@@ -264,15 +263,20 @@ class GuardedConsumer:
             log.warning("commit failed: %s", exc)
         else:
             self._stats.commits += 1
-            self._unconfirmed = True
 
     def _when_idle(self) -> None:
         """Nothing to handle (no flight left either: the pipeline landed them looking for a
-        batch): confirm the last commit, renew the liveness lease when due."""
+        batch): commit again what an asynchronous commit failed to, renew the liveness lease
+        when due. Never a blocking commit here: at moderate load a consumer is idle between
+        most batches, and a synchronous commit (a broker round trip, at times a second)
+        would hold every record read meanwhile."""
         # An asynchronous commit refused during a rebalance (ILLEGAL_GENERATION) is not
         # retried by librdkafka; a partition that receives nothing more would stay behind.
-        if self._unconfirmed:
-            self._commit_sync("commit failed (retried when idle again): %s")
+        if self._kafka.take_commit_failure():
+            try:
+                self._kafka.commit(asynchronous=True)
+            except BrokerError as exc:
+                log.warning("commit failed (retried when idle again): %s", exc)
         if time.monotonic() < self._beat_at:
             return
         self._beat_at = time.monotonic() + self.config.lease_s / 3
@@ -350,8 +354,6 @@ class GuardedConsumer:
             self._kafka.commit(asynchronous=False)
         except BrokerError as exc:
             log.warning(on_failure, exc)
-        else:
-            self._unconfirmed = False
 
     def _on_lost(self, partitions: list[Partition]) -> None:
         # Lost (session timeout): another member of the group may already read them and hold

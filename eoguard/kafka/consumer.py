@@ -45,11 +45,29 @@ class KafkaConsumer:
 
     def __init__(self, conf: Mapping[str, Any]) -> None:
         conf, self._security = client_config(conf)
+        self._user_on_commit = conf.pop("on_commit", None)
         try:
-            self._consumer = Consumer(conf)
+            self._consumer = Consumer({**conf, "on_commit": self._on_commit})
         except KafkaException as exc:
             raise _wrap(exc, "creating a consumer") from exc
         self.transient_errors = 0
+        self._commit_failed = False
+
+    def _on_commit(self, err: KafkaError | None, parts: list[TopicPartition]) -> None:
+        """Served inside ``consume``: an asynchronous commit's outcome (the user's hook too)."""
+        failed = [tp for tp in parts if tp.error is not None]
+        if (err is not None and err.code() != KafkaError._NO_OFFSET) or failed:
+            self._commit_failed = True
+            log.warning("asynchronous commit failed (sent again): %s",
+                        err if err is not None else failed[0].error)
+        if self._user_on_commit is not None:
+            self._user_on_commit(err, parts)
+
+    def take_commit_failure(self) -> bool:
+        """Whether an asynchronous commit failed since the last call (librdkafka does not
+        retry one refused during a rebalance): commit again, or an idle partition lags."""
+        failed, self._commit_failed = self._commit_failed, False
+        return failed
 
     def subscribe(self, topics: Sequence[str], *, on_assign: RebalanceHook | None = None,
                   on_revoke: RebalanceHook | None = None,

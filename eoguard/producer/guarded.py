@@ -121,6 +121,11 @@ class GuardedProducer:
             if config.redis.client is None:
                 self._redis.close()
             raise
+        if config.default_ttl_s * 1000 <= config.resend_after_ms:
+            log.warning("default_ttl_s (%.0f s) is not above resend_after (%.0f s): a message "
+                        "whose first delivery fails expires before recovery may resend it "
+                        "(docs/design.md §5)", config.default_ttl_s,
+                        config.resend_after_ms / 1000)
         self._engine.start()
 
     # Sending ---------------------------------------------------------------------------

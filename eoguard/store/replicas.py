@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import redis
 from redis.cluster import RedisCluster
 
-from eoguard.errors import ConfigError, ReplicationTimeoutError
+from eoguard.errors import ConfigError, FailoverUnderWayError, ReplicationTimeoutError
 from eoguard.store.client import RedisClient, wrap_redis_error
 
 
@@ -66,7 +66,12 @@ def check_acks(client: RedisClient, acks: Sequence[Any], wait: ReplicaWait, doin
 
 
 def check_replicas(client: RedisClient, replicas: int) -> None:
-    """At start: every master must have ``replicas`` connected replicas, or ConfigError."""
+    """At start: every master must have ``replicas`` connected replicas.
+
+    A shortage is FailoverUnderWayError (retry) while a Redis Cluster reports a failing node,
+    since a promoted replica leaves its new master alone until the old one returns; otherwise
+    it is ConfigError: the deployment has no replica to wait for, and retrying cannot help.
+    """
     try:
         if isinstance(client, RedisCluster):
             reply: Any = client.info("replication", target_nodes=RedisCluster.PRIMARIES)
@@ -76,9 +81,38 @@ def check_replicas(client: RedisClient, replicas: int) -> None:
             infos = {"redis": client.info("replication")}  # type: ignore[attr-defined]
     except redis.RedisError as exc:
         raise wrap_redis_error(exc, "reading INFO replication") from exc
-    for node, info in infos.items():
-        have = int(info.get("connected_slaves", 0))
-        if have < replicas:
-            raise ConfigError(
-                f"durability='replicated' needs {replicas} replica(s) of every master, but "
-                f"{node} has {have}: add a replica, or use durability='local'")
+    short = {node: int(info.get("connected_slaves", 0)) for node, info in infos.items()
+             if int(info.get("connected_slaves", 0)) < replicas}
+    if not short:
+        return
+    node, have = next(iter(short.items()))
+    why = _transient(client, short, replicas)
+    if why:
+        raise FailoverUnderWayError(
+            f"durability='replicated' needs {replicas} replica(s) of every master, but {node} "
+            f"has {have} connected while {why}: retry")
+    raise ConfigError(
+        f"durability='replicated' needs {replicas} replica(s) of every master, but "
+        f"{node} has {have}: add a replica, or use durability='local'")
+
+
+def _transient(client: RedisClient, short: dict[str, int], replicas: int) -> str | None:
+    """Why a Redis Cluster's shortage of replicas will pass, or None: a node is failing (a
+    failover is under way), or the cluster knows the replicas and they are not linked yet (one
+    restarted, resyncing). A single Redis keeps no record of a replica it lost: None."""
+    if not isinstance(client, RedisCluster):
+        return None
+    try:
+        nodes: Any = client.cluster_nodes()  # type: ignore[no-untyped-call]
+    except redis.RedisError as exc:
+        raise wrap_redis_error(exc, "reading CLUSTER NODES") from exc
+    failing = sorted(address for address, n in nodes.items()
+                     if {"fail", "fail?"} & set(str(n["flags"]).split(",")) or not n["connected"])
+    if failing:
+        return f"{', '.join(failing)} is failing: a failover is under way"
+    for address in short:
+        me = nodes.get(address, {}).get("node_id")
+        known = [a for a, n in nodes.items() if me is not None and n["master_id"] == me]
+        if len(known) >= replicas:
+            return f"its replica {', '.join(sorted(known))} is not linked yet (resyncing)"
+    return None

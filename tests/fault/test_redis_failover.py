@@ -21,7 +21,7 @@ from redis.cluster import RedisCluster
 from eoguard.config import ProducerConfig, RedisConfig
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext
-from eoguard.errors import BackpressureError, StoreError
+from eoguard.errors import BackpressureError, FailoverUnderWayError, StoreError
 from eoguard.modes import KeepUntil
 from eoguard.producer.guarded import GuardedProducer
 from eoguard.stack import Endpoints
@@ -29,6 +29,7 @@ from eoguard.stack.redis_cluster import RedisClusterNodes
 from eoguard.stack.redis_server import RedisServer
 from eoguard.store.client import connect
 from eoguard.store.keys import KeySpace
+from eoguard.store.layout import check_layout
 from eoguard.store.outbox import Outbox
 from eoguard.store.scripts import Scripts
 from tests.consumer_kit import consumer_config
@@ -182,6 +183,33 @@ def test_guaranteed_messages_are_handled_once_across_a_master_failover(
     if durability == "replicated":
         assert promised <= seen
         assert not twice
+
+
+def test_a_replicated_start_during_a_failover_is_a_retry_not_a_config_error(
+        stack: Endpoints, key_prefix: str) -> None:
+    """A consumer or producer started while a promoted replica has no replica of its own (its
+    old master still down) gets FailoverUnderWayError, which a supervisor retries; once the old
+    master is back as its replica, the same start check passes."""
+    keys = KeySpace(prefix=key_prefix)
+    client = connect(stack.redis_url)
+    victim = _master_of(client, keys.outbox_index(0))
+    client.close()
+    _wait(victim.cluster_ready, 60, "every master with a replica in sync")
+    check_layout(connect(stack.redis_url), keys, replicas=1)
+    os.kill(victim.pid, signal.SIGKILL)
+    try:
+        _wait(victim.replaced, 30, "a replica to take over")
+        fresh = connect(stack.redis_url)
+        with pytest.raises(FailoverUnderWayError, match="a failover is under way") as caught:
+            check_layout(fresh, keys, replicas=1)
+        fresh.close()
+        assert f":{victim.port}" in str(caught.value)  # names the failing node
+    finally:
+        victim.restart()
+    _wait(victim.cluster_ready, 60, "the cluster with every master replicated again")
+    fresh = connect(stack.redis_url)
+    check_layout(fresh, keys, replicas=1)
+    fresh.close()
 
 
 class Victim:
