@@ -1,6 +1,6 @@
 """End-to-end latency, produce -> handler, with and without eoguard (a benchmark, not a test).
 
-    python -m bench.bench_latency [--seconds 10] [--max-rate N] [--redis-url URL]
+    python -m bench.bench_latency [--seconds 10] [--rounds 3] [--max-rate N] [--redis-url URL]
 
 An open-loop schedule: message k is due at ``start + k / rate`` and its latency is measured
 from that due time (a sender that falls behind adds its lag, as a real load would), to the
@@ -15,8 +15,11 @@ else measured first with ``bench.bench_producer``'s callback baseline):
   delayed         GuardedProducer (delayed mode) -> GuardedConsumer.
 
 Both consumers use the same fetch settings (``fetch.wait.max.ms``, ``fetch.min.bytes``) and
-the same ``linger.ms`` on the producers. Prints p50/p99 (p999 only where a point has at least
-10,000 samples) per pipeline and rate, and each eoguard pipeline's difference to plain.
+the same ``linger.ms`` on the producers. Rounds are interleaved (every pipeline at every rate,
+then again), since one point's tail moves with whatever else the machine did in those seconds.
+Prints each point's p50/p99 (p999 only where a point has at least 10,000 samples), then per
+pipeline and rate the min and median over the rounds of p50 and p99 and of their difference
+to plain in the same round.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import io
 import multiprocessing as mp
+import statistics
 import struct
 import time
 import uuid
@@ -156,6 +160,7 @@ def summary(lat: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="per point")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--max-rate", type=float, help="the callback baseline's msg/s "
                         "(measured first when not given)")
     parser.add_argument("--redis-url", help="Redis for eoguard (default: the local stack's)")
@@ -169,21 +174,41 @@ def main() -> None:
         max_rate = 30_000 / elapsed
     rates = [("trickle", 50.0), ("20%", 0.2 * max_rate), ("60%", 0.6 * max_rate)]
     print(f"callback baseline max {max_rate:,.0f} msg/s; {args.seconds:.0f} s per point; "
-          f"consumers {FETCH}; producers {KAFKA}")
+          f"{args.rounds} interleaved rounds; consumers {FETCH}; producers {KAFKA}")
+    found: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for round_no in range(1, args.rounds + 1):
+        print(f"round {round_no} of {args.rounds}", flush=True)
+        for label, rate in rates:
+            for pipeline in PIPELINES:
+                lat = point(pipeline, ends.kafka_bootstrap, redis_url, rate, args.seconds)
+                found.setdefault((label, pipeline), []).append(
+                    (lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))]))
+                print(f"  {label:8s} {rate:8,.0f} msg/s  {pipeline:14s} {summary(lat)}",
+                      flush=True)
+    print(f"\nover {args.rounds} rounds, ms: p50 and p99 as min / median; the difference to "
+          "plain in the same round as min / median")
     for label, rate in rates:
-        plain_p = None
+        plain = found[(label, "plain")]
         for pipeline in PIPELINES:
-            lat = point(pipeline, ends.kafka_bootstrap, redis_url, rate, args.seconds)
-            line = f"{label:8s} {rate:8,.0f} msg/s  {pipeline:14s} {summary(lat)}"
-            p50, p99 = lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))]
-            if pipeline == "plain":
-                plain_p = (p50, p99)
-            elif plain_p is not None:
-                line += f"  ({p50 - plain_p[0]:+.1f} / {p99 - plain_p[1]:+.1f} ms vs plain)"
+            got = found[(label, pipeline)]
+            p50s, p99s = [p for p, _ in got], [p for _, p in got]
+            line = (f"{label:8s} {rate:8,.0f} msg/s  {pipeline:14s} p50 {_mm(p50s)}  "
+                    f"p99 {_mm(p99s)}")
+            if pipeline != "plain":
+                pairs = list(zip(got, plain, strict=True))
+                line += (f"   vs plain: p50 {_mm([a[0] - b[0] for a, b in pairs], '+')}"
+                         f"  p99 {_mm([a[1] - b[1] for a, b in pairs], '+')}")
             print(line, flush=True)
             table.add(table.Row(suite="latency", path=f"{pipeline} @ {label} ({rate:,.0f}/s)",
-                                rates=[], e2e_ms=(p50, p99), note=f"n={len(lat)}"))
+                                rates=[], e2e_ms=(statistics.median(p50s),
+                                                  statistics.median(p99s)),
+                                note=f"median of {args.rounds} rounds"))
 
+
+def _mm(values: list[float], sign: str = "") -> str:
+    """min / median of ``values``; ``sign="+"`` for differences."""
+    return (f"{min(values):{sign}7.1f} / {statistics.median(values):{sign}7.1f}" if values
+            else "-")
 
 if __name__ == "__main__":
     main()
