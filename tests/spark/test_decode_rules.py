@@ -11,7 +11,13 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F  # noqa: N812
 
-from eoguard import CorruptRecordError, InputLimits, InvalidEnvelopeError, SchemaRegistry
+from eoguard import (
+    CodecError,
+    CorruptRecordError,
+    InputLimits,
+    InvalidEnvelopeError,
+    SchemaRegistry,
+)
 from eoguard.codec import EnvelopeCodec, PayloadCodec, check_envelope
 from eoguard.envelope import now_ms
 from eoguard.stack.feed import envelope
@@ -145,3 +151,29 @@ def test_the_job_dead_letters_bad_input_and_writes_no_key_for_it(
         assert words in reasons, (words, reasons)
     keyed = [k.decode().rsplit(":", 1)[1] for k in redis_client.scan_iter(f"{key_prefix}:dc:*")]
     assert sorted(keyed) == sorted([e.id for e in good] + [spelled])
+
+
+def test_without_a_payload_schema_named_payloads_are_still_checked_as_the_consumer_does(
+        spark: SparkSession) -> None:
+    # The job keeps payloads raw without --payload-schema, yet refuses what a GuardedConsumer
+    # refuses: an unknown schema name, an unknown writer version, a body not of its schema.
+    base = envelope()
+    payloads = PayloadCodec()
+    fine = dataclasses.replace(base, payload_schema=ORDER, payload=payloads.encode(order(), ORDER),
+                               payload_fingerprint=payloads.writer_fingerprint(ORDER))
+    cases = [
+        dataclasses.replace(base, payload_schema="no.such.Schema"),
+        dataclasses.replace(fine, payload_fingerprint=b"\x07" * 8),
+        dataclasses.replace(fine, payload=b""),
+        dataclasses.replace(fine, payload=b"\x02"),
+    ]
+    codec = EnvelopeCodec()
+    rows = by_offset(decode(kafka_rows(spark, [codec.encode(e) for e in [*cases, fine, base]]),
+                            SchemaRegistry.default(), max_ttl_ms=MAX_TTL, limits=LIMITS))
+    for i, env in enumerate(cases):
+        with pytest.raises(CodecError) as info:
+            payloads.decode_envelope(env)
+        assert rows[i]["status"] == RowStatus.MALFORMED.value, (i, rows[i]["reason"])
+        assert str(info.value).startswith(rows[i]["reason"]), (i, rows[i]["reason"], str(info.value))
+    assert [rows[4]["status"], rows[5]["status"]] == [RowStatus.OK.value] * 2
+    assert rows[4]["payload"] == fine.payload  # still the raw bytes

@@ -177,6 +177,49 @@ def _payload(env: Column, registry: SchemaRegistry, payload_schema: str
     return payload, rules
 
 
+def _payload_checks(rows: DataFrame, env: Column, registry: SchemaRegistry
+                    ) -> tuple[DataFrame, list[Rule]]:
+    """Step 4 without ``payload_schema``: the payload stays raw bytes, but a record that names
+    a payload schema is checked as a GuardedConsumer checks it (the same reasons): the schema
+    loaded, its writer version one of that schema's, the body a record of that version.
+
+    One column per loaded version, each a ``CASE`` that runs ``from_avro`` only on the rows of
+    its own (schema, writer): rows with raw payloads decode nothing. Unlike fastavro,
+    ``from_avro`` ignores bytes left after a complete record, so trailing bytes pass here.
+    """
+    declared, writer = env.getField("payload_schema"), env.getField("payload_fingerprint")
+    body = env.getField("payload")
+    names = [name for name in registry.names() if name != ENVELOPE_SCHEMA]
+    unknown = declared.isNotNull() & (~declared.isin(*names) if names else F.lit(True))
+    rules: list[Rule] = [(unknown, F.concat(F.lit("no Avro schema named '"), declared,
+                                            F.lit("' is loaded")))]
+    for n, name in enumerate(names):
+        app = registry.get(name)
+        app_json = json.dumps(app.schema)
+        known = writer.isNull()
+        for i, version in enumerate(registry.versions(name)):
+            mine = (declared == F.lit(name)) & (writer == F.lit(bytearray(version.fingerprint)))
+            if version.fingerprint == app.fingerprint:
+                mine = (declared == F.lit(name)) & (writer.isNull() | mine)
+            known = known | (writer == F.lit(bytearray(version.fingerprint)))
+            options = {"mode": "PERMISSIVE"}
+            if version.fingerprint != app.fingerprint:
+                options["avroSchema"] = app_json  # resolved into the current version
+            column = f"_check_{n}_{i}"
+            rows = rows.withColumn(column, F.when(
+                mine, from_avro(body, json.dumps(version.schema), options)))
+            required = _required_fields(app.schema)
+            if required:
+                broken = F.lit(False)
+                for field in required:
+                    broken = broken | F.col(column).getField(field).isNull()
+                rules.append((mine & broken, F.lit(f"payload is not a valid {name} record")))
+        rules.insert(1, ((declared == F.lit(name)) & ~known, F.concat(
+            F.lit("payload writer schema "), F.lower(F.hex(writer)),
+            F.lit(f" ({name}) is not loaded: add that version to the schemas' history/"))))
+    return rows, rules
+
+
 def _first_broken(rules: list[Rule]) -> Column:
     """The reason of the first rule a row breaks, else null."""
     reason: Any = F
@@ -230,6 +273,9 @@ def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | No
         decoded, payload_rules = _payload(env, registry, payload_schema)
         rows = rows.withColumn("_payload", decoded)
         payload = F.col("_payload")
+        rules += payload_rules
+    else:
+        rows, payload_rules = _payload_checks(rows, env, registry)
         rules += payload_rules
     expires_ms = env.getField("expires_at")
     rows = rows.withColumn("reason", _first_broken(rules)).withColumn(
