@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from eoguard.codec import InputLimits
 from eoguard.errors import ConfigError
 from eoguard_spark import DedupMode, JobOptions
 from eoguard_spark.__main__ import options_from, parser
@@ -69,3 +70,16 @@ def test_command_line_maps_to_options() -> None:
                                "--checkpoint", "/c", "--output", "/o", "--kafka-option", "oops"])
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         options_from(bad)
+
+
+def test_the_input_limits_come_from_the_command_line_and_default_to_the_consumers() -> None:
+    base = ["--bootstrap", "k:9092", "--topic", "t", "--scope", "app", "--checkpoint", "/cp",
+            "--output", "/out"]
+    assert options_from(parser().parse_args(base)).input_limits == InputLimits()
+    limits = options_from(parser().parse_args([
+        *base, "--max-payload-bytes", "2000", "--max-headers", "4", "--max-header-bytes", "200",
+        "--max-producer-chars", "64", "--clock-skew-s", "3"])).input_limits
+    assert limits == InputLimits(payload_bytes=2000, header_count=4, header_bytes=200,
+                                 producer_chars=64, clock_skew_ms=3000)
+    with pytest.raises(ConfigError, match="payload_bytes"):
+        options_from(parser().parse_args([*base, "--max-payload-bytes", "-1"]))

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 
+from eoguard.codec import InputLimits
 from eoguard.errors import ConfigError, SecurityError
 from eoguard.store.keys import DEFAULT_MAX_TTL_MS, DEFAULT_PREFIX, DEFAULT_SHARDS
 from eoguard_spark.options import DedupMode, JobOptions
@@ -46,6 +47,17 @@ def parser() -> argparse.ArgumentParser:
     add("--dedup", choices=[m.value for m in DedupMode], default=DedupMode.REDIS.value,
         help="redis: the scope's claims (default); watermark: dropDuplicatesWithinWatermark; "
              "none: no dedup")
+    defaults = InputLimits()  # the input rules' limits: set them as the scope's consumers do
+    add("--max-payload-bytes", type=int, default=defaults.payload_bytes,
+        help="a record whose payload is larger is malformed")
+    add("--max-headers", type=int, default=defaults.header_count,
+        help="a record with more headers is malformed")
+    add("--max-header-bytes", type=int, default=defaults.header_bytes,
+        help="a record whose header keys and values (UTF-8) are larger is malformed")
+    add("--max-producer-chars", type=int, default=defaults.producer_chars,
+        help="a record whose producer id is longer is malformed")
+    add("--clock-skew-s", type=float, default=defaults.clock_skew_ms / 1000,
+        help="how far ahead of this job's clock a producer's may run (at most --grace-s)")
     add("--payload-schema", help="decode payloads with this schema (full name) into columns")
     add("--schema-dir", help="directory of .avsc schemas (default: eoguard's)")
     add("--starting-offsets", default="earliest", help="earliest, latest or a JSON offset map")
@@ -100,7 +112,10 @@ def options_from(args: argparse.Namespace) -> JobOptions:
         busy_wait_s=args.busy_wait_s, claim_batch_size=args.claim_batch_size,
         dead_letter_expired=args.dead_letter_expired, ack_outbox=args.ack_outbox,
         idempotent_sink=args.idempotent_sink, kafka_options=kafka, query_name=args.query_name,
-        reader=args.reader)
+        reader=args.reader, input_limits=InputLimits(
+            payload_bytes=args.max_payload_bytes, header_count=args.max_headers,
+            header_bytes=args.max_header_bytes, producer_chars=args.max_producer_chars,
+            clock_skew_ms=int(args.clock_skew_s * 1000)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
