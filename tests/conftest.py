@@ -8,6 +8,7 @@ otherwise from :mod:`eoguard.stack` (the process stack CI uses). ``EOGUARD_KAFKA
 from __future__ import annotations
 
 import os
+import random
 import socket
 import sys
 import uuid
@@ -145,10 +146,23 @@ def new_topic(kafka_bootstrap: str) -> Callable[..., str]:
 
 
 def free_port() -> int:
-    """A loopback TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback TCP port nobody uses right now, below Linux's ephemeral range (32768+).
+
+    A test that SIGKILLs a server restarts it on the same port; an ephemeral port may by then
+    be the source port of some client's connection, and the restart fails to bind (a chaos
+    run's Kafka node did: "Address already in use"). Ports below the range are never handed
+    out as source ports.
+    """
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(23_000, 32_000)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port in 23000-31999")
 
 
 @pytest.fixture
