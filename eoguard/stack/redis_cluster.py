@@ -51,6 +51,7 @@ class RedisClusterNodes(ServiceGroup):
 
     def joined(self) -> None:
         """Join the nodes on first use, then wait until every slot is served."""
+        self._check_ports()
         if self._known_nodes() < NODES:
             self._create()
         self._wait_ok()
@@ -71,6 +72,26 @@ class RedisClusterNodes(ServiceGroup):
         in_sync = sum(1 for link in links if link.get("role") == "slave"
                       and link.get("master_link_status") == "up") == NODES - MASTERS
         return slots_ok and replicated and in_sync
+
+    def _check_ports(self) -> None:
+        """A cluster joined on other ports cannot come up on these: each node's ``nodes.conf``
+        names its peers by their old ports. Say so, instead of timing out as not ready."""
+        ports = {node.port for node in self.servers}
+        recorded: set[int] = set()
+        for node in self.servers:
+            conf = node.workdir / "nodes.conf"
+            if conf.exists():
+                for line in conf.read_text().splitlines():
+                    parts = line.split()
+                    if len(parts) > 1 and ":" in parts[1]:
+                        port = int(parts[1].split(":")[1].split("@")[0] or 0)
+                        if port:  # 0: a node not met yet (handshake)
+                            recorded.add(port)
+        if recorded - ports:
+            raise StackError(
+                f"{self.workdir} holds a Redis Cluster joined on ports "
+                f"{', '.join(map(str, sorted(recorded)))}, not {min(ports)}..{max(ports)}: start "
+                f"it on those ports, or remove {self.workdir} (its data) to make a new one")
 
     def _known_nodes(self) -> int:
         return int(_cluster_info(self.servers[0]).get("cluster_known_nodes", 1))
