@@ -19,7 +19,8 @@ the same ``linger.ms`` on the producers. Rounds are interleaved (every pipeline 
 then again), since one point's tail moves with whatever else the machine did in those seconds.
 Prints each point's p50/p99 (p999 only where a point has at least 10,000 samples), then per
 pipeline and rate the min and median over the rounds of p50 and p99 and of their difference
-to plain in the same round.
+to plain in the same round. Each point also prints the longest stalls Redis's latency monitor
+saw meanwhile (an AOF fsync, a fork), which explain an eoguard tail plain does not have.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import uuid
 from typing import Any
 
 import fastavro
+import redis
 from confluent_kafka import Consumer, Producer
 
 from bench import table
@@ -149,6 +151,37 @@ def point(pipeline: str, bootstrap: str, redis_url: str, rate: float, seconds: f
     return sorted(latencies)
 
 
+class RedisStalls:
+    """Redis's own latency monitor around a point: its longest event (an AOF fsync under
+    ``appendfsync always``, a fork) explains a tail no client-side timer can. Best effort:
+    a Redis that refuses CONFIG SET reports nothing."""
+
+    def __init__(self, redis_url: str, threshold_ms: int = 20) -> None:
+        self.client = redis.Redis.from_url(redis_url)
+        try:
+            self.client.config_set("latency-monitor-threshold", threshold_ms)
+            self.client.execute_command("LATENCY", "RESET")
+            self.on = True
+        except redis.RedisError:
+            self.on = False
+
+    def worst(self) -> str:
+        """``event max_ms`` per event seen since the start, or '' (the client is closed)."""
+        try:
+            if not self.on:
+                return ""
+            rows = self.client.execute_command("LATENCY", "LATEST")
+            return ", ".join(f"{_text(r[0])} max {int(r[3])} ms" for r in rows)
+        except redis.RedisError:
+            return ""
+        finally:
+            self.client.close()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def summary(lat: list[float]) -> str:
     def at(q: float) -> float:
         return lat[min(len(lat) - 1, int(len(lat) * q))]
@@ -180,11 +213,13 @@ def main() -> None:
         print(f"round {round_no} of {args.rounds}", flush=True)
         for label, rate in rates:
             for pipeline in PIPELINES:
+                stalls = RedisStalls(redis_url)
                 lat = point(pipeline, ends.kafka_bootstrap, redis_url, rate, args.seconds)
+                seen = stalls.worst()
                 found.setdefault((label, pipeline), []).append(
                     (lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))]))
-                print(f"  {label:8s} {rate:8,.0f} msg/s  {pipeline:14s} {summary(lat)}",
-                      flush=True)
+                print(f"  {label:8s} {rate:8,.0f} msg/s  {pipeline:14s} {summary(lat)}"
+                      + (f"  [Redis stalls: {seen}]" if seen else ""), flush=True)
     print(f"\nover {args.rounds} rounds, ms: p50 and p99 as min / median; the difference to "
           "plain in the same round as min / median")
     for label, rate in rates:
