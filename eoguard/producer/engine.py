@@ -241,9 +241,20 @@ class ProducerEngine:
         self.live_producers = beat.live_count
 
     def run_recovery(self) -> None:
+        """Resend this producer's failed deliveries, then one recovery pass."""
+        with self.queue.lock:
+            failed, self.deliveries.failed_ids = self.deliveries.failed_ids, []
         try:
+            if failed:
+                report = self.recovery.resend_failed(failed)
+                failed = []
+                with self.queue.lock:
+                    self.counters.resent += report.resent
             report = self.recovery.run()
         except StoreError as exc:
+            if failed:
+                with self.queue.lock:  # retried at the next pass
+                    self.deliveries.failed_ids[:0] = failed
             self.writer.store_failed(exc)
             return
         with self.queue.lock:

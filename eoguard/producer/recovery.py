@@ -94,14 +94,29 @@ class Recovery:
     def resend_ids(self, message_ids: Sequence[str]) -> RecoveryReport:
         """Resend the named pending records now, whoever owns them (``eoguard outbox resend``).
 
-        The operator's decision overrides the owners' leases: every owner but this instance
-        is treated as gone; the claim stays atomic, so each record is resent once per call.
+        The operator's decision overrides the owners' leases: every owner (this instance
+        too) is treated as gone; the claim stays atomic, so each record is resent once per call.
         Published, expired and absent records are not resent.
         """
         live = self.liveness.live()
         batch = self.outbox.claim_ids_for_resend(
             message_ids, claimer=self.instance_id, live_owners=(),
             live_read_at_ms=live.read_at_ms + 1, resend_after_ms=self.resend_after_ms)
+        return self._resend_all(batch)
+
+    def resend_failed(self, message_ids: Sequence[str]) -> RecoveryReport:
+        """Resend this producer's own records whose delivery Kafka reported failed.
+
+        librdkafka retries nothing after that report, so they need not wait out
+        ``resend_after`` (which only keeps other producers from racing a live one's retries).
+        A record another live producer claimed meanwhile is left to it; published, expired
+        and absent records are skipped.
+        """
+        live = self.liveness.live()
+        others = set(live.deadlines) - {self.instance_id}
+        batch = self.outbox.claim_ids_for_resend(
+            message_ids, claimer=self.instance_id, live_owners=others,
+            live_read_at_ms=live.read_at_ms, resend_after_ms=self.resend_after_ms)
         return self._resend_all(batch)
 
     def _resend_all(self, batch: ClaimBatch) -> RecoveryReport:

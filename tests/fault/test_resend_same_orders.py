@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +30,20 @@ ORDERS = 3_000
 @pytest.mark.parametrize("mode", ["persist-first", "delayed"])
 def test_orders_sent_again_after_a_crash_are_handled_once_per_scope(
         mode, tmp_path, kafka_bootstrap, redis_url, key_prefix, new_topic) -> None:
-    topic = new_topic(4)
+    # Copies reach Kafka only where the kill caught records in flight; a run that left each
+    # order on the topic once did not test dedup, so the crash is tried again (at most 3).
+    for attempt in range(1, 4):
+        records = crash_and_send_again(mode, tmp_path / f"a{attempt}", kafka_bootstrap,
+                                       redis_url, f"{key_prefix}a{attempt}", new_topic(4))
+        if records > ORDERS:
+            break
+    assert records > ORDERS, "no order reached Kafka twice in 3 crashes: dedup was not tested"
+
+
+def crash_and_send_again(mode: str, tmp_path: Path, kafka_bootstrap: str, redis_url: str,
+                         key_prefix: str, topic: str) -> int:
+    """One crash and restart, checked; returns how many records the topic holds."""
+    tmp_path.mkdir()
     first = ProducerWorker(tmp_path, bootstrap=kafka_bootstrap, redis_url=redis_url,
                            prefix=key_prefix, topic=topic, mode=mode, rate=1_500,
                            extra=["--orders", str(ORDERS)])
@@ -70,4 +84,4 @@ def test_orders_sent_again_after_a_crash_are_handled_once_per_scope(
               f"{len(want - counts.keys())} missing")
         assert counts.keys() == want
         assert doubled == 0
-    assert records > ORDERS  # some orders reached Kafka more than once: dedup was tested
+    return records

@@ -240,6 +240,20 @@ def test_claim_takes_due_records_of_a_live_owner(outbox: Outbox) -> None:
     assert claim(outbox, "slow", ["slow"]).records == []  # pushed to now + resend_after
 
 
+def test_a_claimer_left_out_of_the_live_set_takes_its_own_records_before_they_are_due(
+        outbox: Outbox) -> None:
+    # A producer whose delivery failed resends its own records at once (librdkafka retries
+    # nothing after the failure report); with itself in the live set it waits until due.
+    recs = [record() for _ in range(5)]
+    put(outbox, recs, owner="owner", resend_after_ms=600_000)
+    time.sleep(0.01)
+    assert claim(outbox, "owner", ["owner", "other"]).records == []
+    batch = claim(outbox, "owner", ["other"])
+    assert sorted(r.id for r in batch.records) == sorted(r.id for r in recs)
+    assert {r.previous_owner for r in batch.records} == {"owner"}
+    assert claim(outbox, "owner", ["owner"]).records == []  # pushed to now + resend_after
+
+
 def test_claim_sweeps_expired_records_and_never_resends_them(
         outbox: Outbox, keys: KeySpace, redis_client: redis.Redis) -> None:
     gone = [record(ttl_ms=150) for _ in range(5)]

@@ -15,6 +15,8 @@
 -- A pending record is claimed when it is due (next-resend time, its score in the index,
 -- passed: delivery failed or timed out) or when its owner's lease lapsed (owner not live, and it owned the record before the live set was read: an owner
 -- registers before it writes, so a newer record belongs to a producer that may be live).
+-- A claimer that leaves itself out of the live set takes its own records too: its delivery
+-- of them failed (librdkafka retries nothing after that), or an operator resends them.
 -- The claim is a compare-and-set inside this script: a second claimer sees the new owner,
 -- live, with the next-resend time pushed, and skips. Index entries whose record is gone
 -- (expired by TTL or acked) are swept; a record past expires_at is deleted, never resent; a
@@ -49,7 +51,7 @@ for i = 2, #KEYS do
     else
       local score = redis.call('ZSCORE', KEYS[1], id)
       local due = (not score) or tonumber(score) <= now
-      local lapsed = owner ~= claimer and not live[owner] and tonumber(owned_at) < live_read_at
+      local lapsed = not live[owner] and tonumber(owned_at) < live_read_at
       if due or lapsed then
         local claimed = head .. (tonumber(attempt) + 1) .. string.sub(record, rest)
         redis.call('SET', rec, claimed, 'KEEPTTL')
