@@ -126,6 +126,7 @@ class GuardedConsumer:
         self._callback_error: Exception | None = None  # raised by the next _consume
         self._orphans: list[Message] = []  # consumed when that error was raised
         self._outage_s = 0.0
+        self._commit_owed = False  # an asynchronous commit failed: commit when idle
         self._beat_at = 0.0  # monotonic time of the next liveness heartbeat
         self._closed = False
         self._kafka = KafkaConsumer(config.kafka_config())
@@ -272,11 +273,14 @@ class GuardedConsumer:
         would hold every record read meanwhile."""
         # An asynchronous commit refused during a rebalance (ILLEGAL_GENERATION) is not
         # retried by librdkafka; a partition that receives nothing more would stay behind.
+        # After such a failure, commit synchronously at every idle poll until one succeeds:
+        # a member the coordinator dropped (UNKNOWN_MEMBER_ID after a broker pause) was seen
+        # never to rejoin without these calls (chaos single seed 6).
         if self._kafka.take_commit_failure():
-            try:
-                self._kafka.commit(asynchronous=True)
-            except BrokerError as exc:
-                log.warning("commit failed (retried when idle again): %s", exc)
+            self._commit_owed = True
+        if self._commit_owed:
+            self._commit_owed = not self._commit_sync(
+                "commit failed (retried when idle again): %s")
         if time.monotonic() < self._beat_at:
             return
         self._beat_at = time.monotonic() + self.config.lease_s / 3
@@ -348,12 +352,14 @@ class GuardedConsumer:
             self._forget(set(partitions), exc)
         self._commit_sync("commit on revoke failed (records are re-read, then DONE): %s")
 
-    def _commit_sync(self, on_failure: str) -> None:
+    def _commit_sync(self, on_failure: str) -> bool:
         """Commit the stored offsets and wait; a failure is logged with ``on_failure``."""
         try:
             self._kafka.commit(asynchronous=False)
         except BrokerError as exc:
             log.warning(on_failure, exc)
+            return False
+        return True
 
     def _on_lost(self, partitions: list[Partition]) -> None:
         # Lost (session timeout): another member of the group may already read them and hold
