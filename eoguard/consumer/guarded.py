@@ -267,10 +267,16 @@ class GuardedConsumer:
 
     def _when_idle(self) -> None:
         """Nothing to handle (no flight left either: the pipeline landed them looking for a
-        batch): commit again what an asynchronous commit failed to, renew the liveness lease
-        when due. Never a blocking commit here: at moderate load a consumer is idle between
-        most batches, and a synchronous commit (a broker round trip, at times a second)
-        would hold every record read meanwhile."""
+        batch): renew the liveness lease when due, then commit again what an asynchronous
+        commit failed to. No blocking commit otherwise: at moderate load a consumer is idle
+        between most batches, and a synchronous commit (a broker round trip, at times a
+        second) would hold every record read meanwhile."""
+        if time.monotonic() >= self._beat_at:  # first: a commit may wait on the coordinator
+            self._beat_at = time.monotonic() + self.config.lease_s / 3
+            try:
+                self._liveness.heartbeat(self.instance_id, self._lease_ms)
+            except StoreError as exc:
+                log.warning("liveness heartbeat failed: %s", exc)
         # An asynchronous commit refused during a rebalance (ILLEGAL_GENERATION) is not
         # retried by librdkafka; a partition that receives nothing more would stay behind.
         # After such a failure, commit synchronously at every idle poll until one succeeds:
@@ -281,13 +287,6 @@ class GuardedConsumer:
         if self._commit_owed:
             self._commit_owed = not self._commit_sync(
                 "commit failed (retried when idle again): %s")
-        if time.monotonic() < self._beat_at:
-            return
-        self._beat_at = time.monotonic() + self.config.lease_s / 3
-        try:
-            self._liveness.heartbeat(self.instance_id, self._lease_ms)
-        except StoreError as exc:
-            log.warning("liveness heartbeat failed: %s", exc)
 
     # Failures and rebalances -------------------------------------------------------------
     def _rewind(self, raw: list[Message], exc: Exception) -> None:

@@ -58,7 +58,7 @@ class KafkaConsumer:
         failed = [tp for tp in parts if tp.error is not None]
         if (err is not None and err.code() != KafkaError._NO_OFFSET) or failed:
             self._commit_failed = True
-            log.warning("asynchronous commit failed (sent again): %s",
+            log.warning("asynchronous commit failed (committed again when idle): %s",
                         err if err is not None else failed[0].error)
         if self._user_on_commit is not None:
             self._user_on_commit(err, parts)

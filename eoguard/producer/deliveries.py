@@ -23,7 +23,7 @@ __all__ = ["Deliveries"]
 
 log = logging.getLogger(__name__)
 
-_MAX_FAILED_IDS = 100_000  # failed deliveries remembered for a prompt resend
+MAX_FAILED_IDS = 100_000  # failed deliveries remembered for a prompt resend
 
 
 class Deliveries:
@@ -41,7 +41,7 @@ class Deliveries:
         # Outbox records whose delivery Kafka reported failed for want of a broker: librdkafka
         # retries nothing after that report, so this producer may resend them at once (the
         # maintenance thread takes them) instead of waiting out resend_after. Under q.lock.
-        self.failed_ids: list[str] = []  # at most _MAX_FAILED_IDS (the rest: resend_after)
+        self.failed_ids: list[str] = []  # at most MAX_FAILED_IDS (the rest: resend_after)
 
     def process(self) -> None:
         """Settle the reports collected so far (any thread; no application code runs here).
@@ -99,7 +99,7 @@ class Deliveries:
             return 1
         self.counters.delivery_failures += 1
         failures.append(delivery_error(err))
-        if is_unavailable(err) and len(self.failed_ids) < _MAX_FAILED_IDS:
+        if is_unavailable(err) and len(self.failed_ids) < MAX_FAILED_IDS:
             self.failed_ids.append(token.message_id)
         return 0
 
@@ -116,6 +116,6 @@ class Deliveries:
             self.counters.failed += 1
             self.queue.release_locked(msg)
             settled.append((msg, error))
-        elif msg.persisted and is_unavailable(err) and len(self.failed_ids) < _MAX_FAILED_IDS:
+        elif msg.persisted and is_unavailable(err) and len(self.failed_ids) < MAX_FAILED_IDS:
             self.failed_ids.append(msg.id)
         return error

@@ -25,7 +25,7 @@ from eoguard.kafka.producer import KafkaProducer
 from eoguard.modes import KeepUntil, PersistenceMode
 from eoguard.producer.callbacks import CallbackDispatcher
 from eoguard.producer.delay import DelayInputs, DelayPolicy
-from eoguard.producer.deliveries import Deliveries
+from eoguard.producer.deliveries import MAX_FAILED_IDS, Deliveries
 from eoguard.producer.messages import Counters, PendingMessage
 from eoguard.producer.outbox_queue import LogQueue
 from eoguard.producer.recovery import Recovery
@@ -250,11 +250,13 @@ class ProducerEngine:
                 failed = []
                 with self.queue.lock:
                     self.counters.resent += report.resent
+                    self.counters.expired += report.expired
             report = self.recovery.run()
         except StoreError as exc:
             if failed:
-                with self.queue.lock:  # retried at the next pass
-                    self.deliveries.failed_ids[:0] = failed
+                with self.queue.lock:  # retried at the next pass (within the cap)
+                    kept = self.deliveries.failed_ids
+                    self.deliveries.failed_ids = (failed + kept)[:MAX_FAILED_IDS]
             self.writer.store_failed(exc)
             return
         with self.queue.lock:

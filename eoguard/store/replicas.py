@@ -11,6 +11,7 @@ connection's own writes, so it is never sent on a connection of its own.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -68,9 +69,10 @@ def check_acks(client: RedisClient, acks: Sequence[Any], wait: ReplicaWait, doin
 def check_replicas(client: RedisClient, replicas: int) -> None:
     """At start: every master must have ``replicas`` connected replicas.
 
-    A shortage is FailoverUnderWayError (retry) while a Redis Cluster reports a failing node,
-    since a promoted replica leaves its new master alone until the old one returns; otherwise
-    it is ConfigError: the deployment has no replica to wait for, and retrying cannot help.
+    A shortage is FailoverUnderWayError (retry) where a Redis Cluster explains it for every
+    short master (a node of its shard failing for less than 10 minutes: a promoted replica
+    is alone until its old master returns; or its replicas known and resyncing); otherwise it
+    is ConfigError: the deployment has no replica to wait for, and retrying cannot help.
     """
     try:
         if isinstance(client, RedisCluster):
@@ -96,23 +98,48 @@ def check_replicas(client: RedisClient, replicas: int) -> None:
         f"{node} has {have}: add a replica, or use durability='local'")
 
 
+_FAILOVER_WINDOW_MS = 600_000
+"""A node down longer than this is no failover under way: it was lost (CLUSTER FORGET it)."""
+
+
 def _transient(client: RedisClient, short: dict[str, int], replicas: int) -> str | None:
-    """Why a Redis Cluster's shortage of replicas will pass, or None: a node is failing (a
-    failover is under way), or the cluster knows the replicas and they are not linked yet (one
-    restarted, resyncing). A single Redis keeps no record of a replica it lost: None."""
+    """Why a Redis Cluster's shortage of replicas will pass, or None. Every short master must
+    be explained, by its own shard: a node of it failing recently (its replica down, or its
+    old master down after promoting it), or its replicas known but not linked yet (restarted,
+    resyncing). A single Redis keeps no record of a replica it lost: None."""
     if not isinstance(client, RedisCluster):
         return None
     try:
         nodes: Any = client.cluster_nodes()  # type: ignore[no-untyped-call]
+        primaries = client.get_primaries()
+        ids = []
+        for name in short:  # "redis": INFO's reply of a cluster with one primary
+            node = client.get_node(node_name=name) if name != "redis" or len(primaries) != 1 \
+                else primaries[0]
+            if node is None:
+                return None
+            ids.append(_text(client.execute_command(  # type: ignore[no-untyped-call]
+                "CLUSTER MYID", target_nodes=node)))
     except redis.RedisError as exc:
         raise wrap_redis_error(exc, "reading CLUSTER NODES") from exc
-    failing = sorted(address for address, n in nodes.items()
-                     if {"fail", "fail?"} & set(str(n["flags"]).split(",")) or not n["connected"])
-    if failing:
-        return f"{', '.join(failing)} is failing: a failover is under way"
-    for address in short:
-        me = nodes.get(address, {}).get("node_id")
-        known = [a for a, n in nodes.items() if me is not None and n["master_id"] == me]
-        if len(known) >= replicas:
-            return f"its replica {', '.join(sorted(known))} is not linked yet (resyncing)"
-    return None
+    now_ms = int(time.time() * 1000)
+    flags = {a: set(str(n["flags"]).split(",")) for a, n in nodes.items()}
+    reasons = []
+    for me in ids:
+        mine = [a for a, n in nodes.items() if n["master_id"] == me]
+        failing = sorted(
+            a for a, n in nodes.items() if {"fail", "fail?"} & flags[a]
+            and (a in mine or ("master" in flags[a] and not n["slots"]))
+            and now_ms - int(n["last_pong_rcvd"] or 0) < _FAILOVER_WINDOW_MS)
+        if failing:
+            reasons.append(f"{', '.join(failing)} is failing: a failover is under way")
+        elif len(mine) >= replicas:
+            reasons.append(f"its replica {', '.join(sorted(mine))} is not linked yet "
+                           "(resyncing)")
+        else:
+            return None  # this master has no replica to wait for
+    return "; ".join(reasons)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

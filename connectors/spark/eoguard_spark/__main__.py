@@ -115,7 +115,7 @@ def options_from(args: argparse.Namespace) -> JobOptions:
         reader=args.reader, input_limits=InputLimits(
             payload_bytes=args.max_payload_bytes, header_count=args.max_headers,
             header_bytes=args.max_header_bytes, producer_chars=args.max_producer_chars,
-            clock_skew_ms=int(args.clock_skew_s * 1000)))
+            clock_skew_ms=round(args.clock_skew_s * 1000)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

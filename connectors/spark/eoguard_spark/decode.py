@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
 from typing import Any
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql.avro.functions import from_avro
@@ -34,6 +36,9 @@ from eoguard.store.keys import DEFAULT_MAX_TTL_MS
 from eoguard_spark.rules import broken_rule, canonical_id
 
 __all__ = ["DEAD_LETTER_COLUMNS", "OUTPUT_COLUMNS", "RowStatus", "decode", "fence"]
+
+
+log = logging.getLogger(__name__)
 
 
 class RowStatus(str, enum.Enum):
@@ -180,16 +185,20 @@ def _payload(env: Column, registry: SchemaRegistry, payload_schema: str
 def _payload_checks(rows: DataFrame, env: Column, registry: SchemaRegistry
                     ) -> tuple[DataFrame, list[Rule]]:
     """Step 4 without ``payload_schema``: the payload stays raw bytes, but a record that names
-    a payload schema is checked as a GuardedConsumer checks it (the same reasons): the schema
-    loaded, its writer version one of that schema's, the body a record of that version.
+    a payload schema is checked as a GuardedConsumer checks it: the schema loaded, its writer
+    version one of that schema's, the body a record of that version (a writer version of
+    another schema is reported as not loaded, where the consumer names the other schema).
 
     One column per loaded version, each a ``CASE`` that runs ``from_avro`` only on the rows of
     its own (schema, writer): rows with raw payloads decode nothing. Unlike fastavro,
-    ``from_avro`` ignores bytes left after a complete record, so trailing bytes pass here.
+    ``from_avro`` ignores bytes left after a complete record, so trailing bytes pass here; and
+    a schema whose top-level fields are all nullable cannot tell a corrupt body (PERMISSIVE
+    mode nulls the fields) from a record of nulls; a schema Spark cannot convert is skipped
+    with a warning.
     """
     declared, writer = env.getField("payload_schema"), env.getField("payload_fingerprint")
     body = env.getField("payload")
-    names = [name for name in registry.names() if name != ENVELOPE_SCHEMA]
+    names = registry.names()  # the envelope's own too: the consumer's registry has it
     unknown = declared.isNotNull() & (~declared.isin(*names) if names else F.lit(True))
     rules: list[Rule] = [(unknown, F.concat(F.lit("no Avro schema named '"), declared,
                                             F.lit("' is loaded")))]
@@ -206,8 +215,14 @@ def _payload_checks(rows: DataFrame, env: Column, registry: SchemaRegistry
             if version.fingerprint != app.fingerprint:
                 options["avroSchema"] = app_json  # resolved into the current version
             column = f"_check_{n}_{i}"
-            rows = rows.withColumn(column, F.when(
-                mine, from_avro(body, json.dumps(version.schema), options)))
+            try:
+                rows = rows.withColumn(column, F.when(
+                    mine, from_avro(body, json.dumps(version.schema), options)))
+            except AnalysisException as exc:  # e.g. a recursive record Spark cannot convert
+                log.warning("payload schema %s (%s) cannot be read by from_avro, so its "
+                            "payloads pass unchecked: %s", name, version.fingerprint.hex(),
+                            str(exc).splitlines()[0])
+                continue
             required = _required_fields(app.schema)
             if required:
                 broken = F.lit(False)
