@@ -36,6 +36,11 @@ class RedisClient(Protocol):
     def close(self) -> None: ...
 
 
+def reply_text(value: object) -> str:
+    """A Redis reply as text: bytes decoded (UTF-8), anything else as ``str``."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def wrap_redis_error(exc: Exception, doing: str) -> StoreError:
     """The eoguard error for a redis-py exception; raise it ``from exc``.
 

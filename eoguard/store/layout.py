@@ -26,7 +26,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from eoguard.errors import ConfigError, StoreError
-from eoguard.store.client import RedisClient, cluster_mode, wrap_redis_error
+from eoguard.store.client import RedisClient, cluster_mode, reply_text, wrap_redis_error
 from eoguard.store.dedup_admin import count_keys
 from eoguard.store.keys import LAYOUT_VERSION, KeySpace
 from eoguard.store.replicas import check_replicas
@@ -46,7 +46,7 @@ class Layout:
 
     @classmethod
     def parse(cls, fields: dict[Any, Any]) -> Layout:
-        text = {_text(k): _text(v) for k, v in fields.items()}
+        text = {reply_text(k): reply_text(v) for k, v in fields.items()}
         shards, version, max_ttl = (text.get(name) for name in ("shards", "version", "max_ttl_ms"))
         return cls(shards=None if shards is None else int(shards),
                    version=1 if version is None else int(version),
@@ -189,7 +189,7 @@ def _config_get(client: RedisClient) -> list[str]:
         pipe = client.pipeline(transaction=False)
         pipe.config_get("maxmemory-policy")
         replies = pipe.execute()
-    return [_text(r["maxmemory-policy"]) for r in replies if "maxmemory-policy" in r]
+    return [reply_text(r["maxmemory-policy"]) for r in replies if "maxmemory-policy" in r]
 
 
 def _info_memory(client: RedisClient) -> list[str]:
@@ -200,7 +200,7 @@ def _info_memory(client: RedisClient) -> list[str]:
         pipe = client.pipeline(transaction=False)
         pipe.info("memory")
         replies = pipe.execute()
-    return [_text(r["maxmemory_policy"]) for r in replies if "maxmemory_policy" in r]
+    return [reply_text(r["maxmemory_policy"]) for r in replies if "maxmemory_policy" in r]
 
 
 def _per_node(reply: Any, field: str) -> list[dict[Any, Any]]:
@@ -209,7 +209,3 @@ def _per_node(reply: Any, field: str) -> list[dict[Any, Any]]:
             and all(isinstance(v, dict) for v in reply.values()):
         return cast("list[dict[Any, Any]]", list(reply.values()))
     return [reply] if isinstance(reply, dict) else []
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

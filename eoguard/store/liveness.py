@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import redis
 
-from eoguard.store.client import RedisClient, wrap_redis_error
+from eoguard.store.client import RedisClient, reply_text, wrap_redis_error
 from eoguard.store.keys import KeySpace
 from eoguard.store.scripts import Prepared, ScriptCall, Scripts
 
@@ -38,10 +38,6 @@ class LiveSet:
 
     def is_live(self, instance_id: str) -> bool:
         return instance_id in self.deadlines
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class Liveness:
@@ -72,7 +68,7 @@ class Liveness:
         reply = self.scripts.run_one(ScriptCall("live_read", [self.key], []))
         pairs = reply[1:]
         return LiveSet(read_at_ms=int(reply[0]),
-                       deadlines={_text(pairs[i]): int(float(pairs[i + 1]))
+                       deadlines={reply_text(pairs[i]): int(float(pairs[i + 1]))
                                   for i in range(0, len(pairs), 2)})
 
     def live_count(self) -> int:

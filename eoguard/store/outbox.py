@@ -22,7 +22,7 @@ from typing import Any
 from redis.cluster import RedisCluster
 
 from eoguard.modes import KeepUntil
-from eoguard.store.client import RedisClient
+from eoguard.store.client import RedisClient, reply_text
 from eoguard.store.keys import KeySpace
 from eoguard.store.outbox_types import (
     ClaimBatch,
@@ -49,10 +49,6 @@ __all__ = [
     "RecordState",
     "StoredRecord",
 ]
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class Outbox:
@@ -204,7 +200,7 @@ class Outbox:
             calls: list[ScriptCall] = []
             called: list[tuple[int, int]] = []
             for shard, page in zip(shards, pages, strict=True):
-                ids = [_text(m) for m in page]
+                ids = [reply_text(m) for m in page]
                 if not ids:
                     del offsets[shard]
                     continue
@@ -248,9 +244,9 @@ class Outbox:
     @staticmethod
     def _claimed(item: Sequence[Any]) -> ClaimedRecord:
         f = parse_record(bytes(item[2]))
-        return ClaimedRecord(id=_text(item[0]), topic=f.topic, key=f.key, value=f.value,
+        return ClaimedRecord(id=reply_text(item[0]), topic=f.topic, key=f.key, value=f.value,
                              headers=f.headers, attempt=f.attempt, keep_until=f.keep_until,
-                             expires_at_ms=f.expires_at_ms, previous_owner=_text(item[1]))
+                             expires_at_ms=f.expires_at_ms, previous_owner=reply_text(item[1]))
 
     # Inspection ------------------------------------------------------------------------
     def get(self, message_id: str) -> StoredRecord | None:
@@ -273,7 +269,7 @@ class Outbox:
         for shard in range(self.keys.shards):
             pipe.zrange(self.keys.outbox_index(shard), 0, -1)
         pages = self.scripts.execute(pipe, doing="reading the outbox index")
-        return {shard: [_text(m) for m in page] for shard, page in enumerate(pages) if page}
+        return {shard: [reply_text(m) for m in page] for shard, page in enumerate(pages) if page}
 
     def expire_times(self, message_ids: Sequence[str]) -> Mapping[str, int]:
         """PEXPIRETIME of each record key (-2 absent, -1 no TTL), for tests and the CLI."""

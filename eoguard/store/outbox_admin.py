@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from eoguard.store.client import RedisClient
+from eoguard.store.client import RedisClient, reply_text
 from eoguard.store.keys import KeySpace
 from eoguard.store.outbox import RecordState
 from eoguard.store.outbox_types import parse_record
@@ -50,10 +50,6 @@ class IndexStats:
     oldest_pending_age_ms: int  # of the records at the head of each shard's index; 0 if none
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def scan_records(client: RedisClient, keys: KeySpace, *, count: int = 1000
                  ) -> Iterator[list[RecordSummary]]:
     """Every outbox record's summary, one list per SCAN call (possibly empty).
@@ -88,7 +84,7 @@ def read_records(client: RedisClient, names: Sequence[str | bytes]) -> list[Reco
             if whole is None:
                 continue
             f = parse_record(whole)
-        key = _text(name)  # KeySpace.outbox_record: "<prefix>:ob:{<shard>}:r:<id>"
+        key = reply_text(name)  # KeySpace.outbox_record: "<prefix>:ob:{<shard>}:r:<id>"
         out.append(RecordSummary(
             id=key.split(":r:", 1)[1], redis_key=key, topic=f.topic, state=f.state,
             owner=f.owner, attempt=f.attempt, created_at_ms=f.created_at_ms,
@@ -108,12 +104,12 @@ def sweep_index(client: RedisClient, keys: KeySpace, *, dry_run: bool, page_size
             pipe: Any = client.pipeline(transaction=False)
             pipe.zscan(index, cursor, count=page_size)
             cursor, members = scripts.execute(pipe, doing="reading the outbox index")[0]
-            ids = [_text(member) for member, _ in members]
+            ids = [reply_text(member) for member, _ in members]
             if ids:
                 reply = scripts.run_one(ScriptCall(
                     "outbox_sweep", [index, *(keys.outbox_record(i) for i in ids)],
                     ["1" if dry_run else "0", *ids]))
-                found += [_text(i) for i in reply]
+                found += [reply_text(i) for i in reply]
             if int(cursor) == 0:
                 break
     return found
@@ -131,7 +127,7 @@ def index_stats(client: RedisClient, keys: KeySpace) -> IndexStats:
     seconds, micros = replies[0]
     now = int(seconds) * 1000 + int(micros) // 1000
     pending = sum(int(n) for n in replies[1::2])
-    heads = [_text(page[0]) for page in replies[2::2] if page]
+    heads = [reply_text(page[0]) for page in replies[2::2] if page]
     pipe = client.pipeline(transaction=False)
     for shard in range(keys.shards):
         pipe.zcount(keys.outbox_index(shard), "-inf", now)

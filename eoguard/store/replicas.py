@@ -19,7 +19,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from eoguard.errors import ConfigError, FailoverUnderWayError, ReplicationTimeoutError
-from eoguard.store.client import RedisClient, wrap_redis_error
+from eoguard.store.client import RedisClient, reply_text, wrap_redis_error
 
 
 class ReplicaWait(NamedTuple):
@@ -118,7 +118,7 @@ def _transient(client: RedisClient, short: dict[str, int], replicas: int) -> str
                 else primaries[0]
             if node is None:
                 return None
-            ids.append(_text(client.execute_command(  # type: ignore[no-untyped-call]
+            ids.append(reply_text(client.execute_command(  # type: ignore[no-untyped-call]
                 "CLUSTER MYID", target_nodes=node)))
     except redis.RedisError as exc:
         raise wrap_redis_error(exc, "reading CLUSTER NODES") from exc
@@ -139,7 +139,3 @@ def _transient(client: RedisClient, short: dict[str, int], replicas: int) -> str
         else:
             return None  # this master has no replica to wait for
     return "; ".join(reasons)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
