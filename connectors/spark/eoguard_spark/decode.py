@@ -87,6 +87,27 @@ def _required_fields(schema: dict[str, Any]) -> list[str]:
     return out
 
 
+def _decode_failed(struct: Column, schema: dict[str, Any]) -> Column | None:
+    """True where a PERMISSIVE ``from_avro`` into ``schema`` failed (a field Avro cannot null
+    is null); None when every top-level field is nullable: a failure cannot be told then."""
+    required = _required_fields(schema)
+    if not required:
+        return None
+    broken = F.lit(False)
+    for name in required:
+        broken = broken | struct.getField(name).isNull()
+    out: Column = broken
+    return out
+
+
+def _writer_not_loaded(writer: Column, schema: str) -> Column:
+    """The reason of a payload whose writer version of ``schema`` is not loaded (the
+    consumer's words)."""
+    return F.concat(F.lit("payload writer schema "), F.lower(F.hex(writer)),
+                    F.lit(f" ({schema}) is not loaded: add that version to the schemas' "
+                          "history/"))
+
+
 def _envelope(body: Column, fingerprint: Column, registry: SchemaRegistry) -> Column:
     """The envelope struct (current schema, times as epoch-ms longs) of whichever known
     version wrote the body.
@@ -169,15 +190,10 @@ def _payload(env: Column, registry: SchemaRegistry, payload_schema: str
         (declared.isNull() | (declared != F.lit(payload_schema)),
          F.concat(F.lit("payload schema "), F.coalesce(declared, F.lit("null (raw bytes)")),
                   F.lit(f" is not {payload_schema}"))),
-        (~known, F.concat(F.lit("payload writer schema "), F.lower(F.hex(writer)),
-                          F.lit(f" ({payload_schema}) is not loaded: add that version to "
-                                "the schemas' history/"))),
+        (~known, _writer_not_loaded(writer, payload_schema)),
     ]
-    required = _required_fields(app.schema)
-    if required:
-        broken = F.lit(False)
-        for name in required:
-            broken = broken | F.col("_payload").getField(name).isNull()
+    broken = _decode_failed(F.col("_payload"), app.schema)
+    if broken is not None:
         rules.append((broken, F.lit(f"corrupt payload: not a valid {payload_schema}")))
     return payload, rules
 
@@ -223,15 +239,10 @@ def _payload_checks(rows: DataFrame, env: Column, registry: SchemaRegistry
                             "payloads pass unchecked: %s", name, version.fingerprint.hex(),
                             str(exc).splitlines()[0])
                 continue
-            required = _required_fields(app.schema)
-            if required:
-                broken = F.lit(False)
-                for field in required:
-                    broken = broken | F.col(column).getField(field).isNull()
+            broken = _decode_failed(F.col(column), app.schema)
+            if broken is not None:
                 rules.append((mine & broken, F.lit(f"payload is not a valid {name} record")))
-        rules.insert(1, ((declared == F.lit(name)) & ~known, F.concat(
-            F.lit("payload writer schema "), F.lower(F.hex(writer)),
-            F.lit(f" ({name}) is not loaded: add that version to the schemas' history/"))))
+        rules.insert(1, ((declared == F.lit(name)) & ~known, _writer_not_loaded(writer, name)))
     return rows, rules
 
 
