@@ -127,6 +127,45 @@ def verdict(value: bytes | None) -> str | None:
     return "expired" if env.expires_at_ms <= now_ms() + 5_000 else env.id
 
 
+@dataclasses.dataclass
+class Planted:
+    """One example's topic: good envelopes around each hostile record, and what a reader must
+    make of it (keys are offsets): ids to handle, records to refuse (by kind), valid records
+    already expired, and valid ones expiring within ``soon_ms`` (a slow reader may find them
+    expired)."""
+
+    values: list[Any] = dataclasses.field(default_factory=list)
+    handled: list[str] = dataclasses.field(default_factory=list)
+    refused: dict[int, str] = dataclasses.field(default_factory=dict)
+    expired: set[int] = dataclasses.field(default_factory=set)
+    soon: dict[int, str] = dataclasses.field(default_factory=dict)
+
+
+def plant(records: list[tuple[str, Any]], *, soon_ms: int = 0) -> Planted:
+    """Interleave ``records`` with good envelopes (one before each, one at the end), each
+    hostile record judged by :func:`verdict`."""
+    out = Planted()
+    for kind, value in records:
+        good = envelope()
+        out.values.append(CODEC.encode(good))
+        out.handled.append(good.id)
+        handled_as = verdict(value)
+        if kind in ALWAYS_BAD:
+            assert handled_as is None, f"a {kind} record passed the input rules"
+        if handled_as is None:
+            out.refused[len(out.values)] = kind
+        elif handled_as == "expired":
+            out.expired.add(len(out.values))
+        elif soon_ms and EnvelopeCodec().decode(value).expires_at_ms <= now_ms() + soon_ms:
+            out.soon[len(out.values)] = handled_as  # a bit flip in the expiry
+        else:
+            out.handled.append(handled_as)
+        out.values.append(value)
+    out.values.append(CODEC.encode(last := envelope()))
+    out.handled.append(last.id)
+    return out
+
+
 @given(records=st.lists(broken(), min_size=3, max_size=10))
 def test_hostile_records_are_dead_lettered_and_the_good_ones_around_them_handled_once(
         records: list[tuple[str, Any]], kafka_bootstrap: str, redis_url: str,
@@ -134,26 +173,9 @@ def test_hostile_records_are_dead_lettered_and_the_good_ones_around_them_handled
     run = uuid.uuid4().hex[:10]
     topic, dlq, prefix = f"hostile-{run}", f"hostile-{run}.dlq", f"h{run}"
     create_topics(kafka_bootstrap, {topic: 1, dlq: 1})
-    values: list[Any] = []
-    expect_handled: list[str] = []
-    expect_refused: dict[int, str] = {}  # offset -> kind
-    expired = 0
-    for kind, value in records:
-        good = envelope()
-        values.append(CODEC.encode(good))
-        expect_handled.append(good.id)
-        handled_as = verdict(value)
-        if kind in ALWAYS_BAD:
-            assert handled_as is None, f"a {kind} record passed the input rules"
-        if handled_as is None:
-            expect_refused[len(values)] = kind
-        elif handled_as == "expired":
-            expired += 1
-        else:
-            expect_handled.append(handled_as)
-        values.append(value)
-    values.append(CODEC.encode(last := envelope()))
-    expect_handled.append(last.id)
+    planted = plant(records)
+    values, expect_handled, expect_refused = planted.values, planted.handled, planted.refused
+    expired = len(planted.expired)
     produce(kafka_bootstrap, topic, values, partition=0)
 
     seen: list[str] = []

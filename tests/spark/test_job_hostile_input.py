@@ -21,21 +21,14 @@ import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eoguard.codec import EnvelopeCodec
-from eoguard.envelope import now_ms
 from eoguard.stack import create_topics
-from eoguard.stack.feed import envelope, produce
-from tests.consumer_kit import CODEC
-from tests.integration.test_hostile_input import _SLOW, ALWAYS_BAD, LIMITS, broken, verdict
+from eoguard.stack.feed import produce
+from tests.integration.test_hostile_input import _SLOW, LIMITS, broken, plant
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
 
 SOON_MS = 300_000  # a valid record expiring within this may expire before the job reads it
-
-
-def _expires_within(value: bytes, ms: int) -> bool:
-    return EnvelopeCodec().decode(value).expires_at_ms <= now_ms() + ms
 
 
 @settings(max_examples=5, derandomize=True, database=None, deadline=None,
@@ -47,29 +40,9 @@ def test_the_job_dead_letters_hostile_records_and_outputs_the_good_ones_once(
     run = uuid.uuid4().hex[:10]
     topic = f"hostile-spark-{run}"
     create_topics(kafka_bootstrap, {topic: 1})
-    values: list[Any] = []
-    expect_out: list[str] = []
-    refused: dict[int, str] = {}  # offset -> kind
-    expired: set[int] = set()
-    soon: dict[int, str] = {}  # offset -> id: valid now, expired by the job's read or not
-    for kind, value in records:
-        good = envelope()
-        values.append(CODEC.encode(good))
-        expect_out.append(good.id)
-        handled_as = verdict(value)
-        if kind in ALWAYS_BAD:
-            assert handled_as is None, f"a {kind} record passed the input rules"
-        if handled_as is None:
-            refused[len(values)] = kind
-        elif handled_as == "expired":
-            expired.add(len(values))
-        elif _expires_within(value, SOON_MS):  # a bit flip in the expiry: Spark may be later
-            soon[len(values)] = handled_as
-        else:
-            expect_out.append(handled_as)
-        values.append(value)
-    values.append(CODEC.encode(last := envelope()))
-    expect_out.append(last.id)
+    planted = plant(records, soon_ms=SOON_MS)
+    values, expect_out, refused = planted.values, planted.handled, planted.refused
+    expired, soon = planted.expired, planted.soon
     produce(kafka_bootstrap, topic, values, partition=0)
 
     prefix = f"hs{run}"
