@@ -15,6 +15,7 @@ from fastavro import parse_schema, schemaless_writer
 from pyspark.sql import DataFrame, SparkSession
 
 from eoguard.codec import MAGIC, EnvelopeCodec, PayloadCodec, SchemaRegistry, fingerprint_of
+from eoguard.codec.schemas import default_schema_dir
 from eoguard.envelope import Envelope, now_ms
 from eoguard.store.dedup import parse_position, position
 from eoguard_spark.decode import RowStatus, decode
@@ -140,3 +141,33 @@ def test_position_column_spells_eoguards_position(spark: SparkSession) -> None:
     assert len(got) == 10
     assert {parse_position(text) for text in got} == {
         (reader, t, p, o) for t in topics for p, o in ((0, 0), (3, 2**40))}
+
+
+def max_method_bytes(df: DataFrame) -> int:
+    """The largest Java method, in bytes of bytecode, of the code Spark generates for ``df``."""
+    jvm: Any = df.sparkSession._jvm
+    debug = getattr(jvm.org.apache.spark.sql.execution.debug, "package$").__getattr__("MODULE$")
+    subtrees = debug.codegenStringSeq(df._jdf.queryExecution().executedPlan()).iterator()
+    sizes = []
+    while subtrees.hasNext():
+        sizes.append(int(subtrees.next()._3().maxMethodCodeSize()))
+    assert sizes, "no whole-stage codegen at all"
+    return max(sizes)
+
+
+def test_the_generated_decode_stays_in_methods_the_jvm_compiles(spark: SparkSession) -> None:
+    """HotSpot runs a method over 8,000 bytes of bytecode interpreted (DontCompileHugeMethods):
+    the whole decode in one method was about 22 KB and ran at half the speed."""
+    default = SchemaRegistry.default()
+    many = SchemaRegistry.from_dir(default_schema_dir())  # a copy: default() is shared
+    for n in range(120):  # 120 payload schemas, checked without a payload_schema
+        many.register({"type": "record", "name": f"Load{n}", "namespace": "eoguard.test",
+                       "fields": [{"name": "a", "type": "long"}, {"name": "b", "type": "string"}]})
+    raw = kafka_rows(spark, [EnvelopeCodec().encode(envelope(b"x"))])
+    sizes = {
+        "payload_schema": max_method_bytes(decode(raw, default, payload_schema=ORDER)),
+        "raw payloads": max_method_bytes(decode(raw, default)),
+        "raw payloads, 120 schemas": max_method_bytes(decode(raw, many)),
+    }
+    print(f"largest generated method, bytes: {sizes}")
+    assert max(sizes.values()) <= 8_000, sizes

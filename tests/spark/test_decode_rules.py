@@ -88,6 +88,49 @@ def test_each_rule_gives_the_consumers_reason(spark: SparkSession) -> None:
     assert [r["id"] for r in ok] == [base.id, spelled]  # normalised before any key
 
 
+def test_headers_that_are_not_utf8_are_corrupt_as_for_fastavro(spark: SparkSession) -> None:
+    """The header keys and values are checked joined by an ASCII byte: two keys whose bytes
+    would form one valid character across a join without it are still caught."""
+    codec = EnvelopeCodec()
+    base = envelope()
+
+    def planted(headers: dict[str, str], swaps: dict[bytes, bytes]) -> bytes:
+        value = codec.encode(dataclasses.replace(base, headers=headers))
+        for placeholder, raw in swaps.items():  # same length: the Avro lengths stay right
+            assert len(placeholder) == len(raw)
+            assert placeholder in value
+            value = value.replace(placeholder, raw)
+        return value
+
+    values = {
+        "bad value": planted({"trace": "VALUEX"}, {b"VALUEX": b"VALUE\xff"}),
+        "bad key": planted({"KEYX": "v"}, {b"KEYX": b"KEY\xfe"}),
+        "valid non-ASCII": codec.encode(dataclasses.replace(base, headers={"clé": "übel"})),
+    }
+    # "K<i>\xc3" then "\xa9L<i>" would read as "K<i>éL<i>" joined without a separator. Spark's
+    # map order is a hash order, so several pairs: some come in that order.
+    for i in range(8):
+        values[f"split character {i}"] = planted(
+            {f"K{i}X": "1", f"XL{i}": "2"}, {b"K%dX" % i: b"K%d\xc3" % i, b"XL%d" % i: b"\xa9L%d" % i})
+    decoded = decode(kafka_rows(spark, list(values.values())), SchemaRegistry.default(),
+                     max_ttl_ms=MAX_TTL, limits=LIMITS)
+    rows = by_offset(decoded.withColumn(  # what a join without a separator would say
+        "joined_valid", F.is_valid_utf8(F.concat_ws("", F.map_keys("headers")))))
+    want = {}
+    for name, value in values.items():
+        try:
+            codec.decode(value)
+            want[name] = RowStatus.OK.value
+        except CorruptRecordError:
+            want[name] = RowStatus.MALFORMED.value
+    assert [n for n, status in want.items() if status == "ok"] == ["valid non-ASCII"]
+    assert {name: rows[i]["status"] for i, name in enumerate(values)} == want
+    assert all("is not valid UTF-8" in rows[i]["reason"]
+               for i, name in enumerate(values) if want[name] == "malformed")
+    assert any(rows[i]["joined_valid"] for i, name in enumerate(values)
+               if name.startswith("split")), "no pair came in the order that tests the join"
+
+
 @pytest.mark.parametrize("reader", ["older", "newer"])
 def test_orders_of_both_versions_decode_into_the_readers(spark: SparkSession, tmp_path: Path,
                                                          reader: str) -> None:

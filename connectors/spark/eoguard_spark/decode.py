@@ -154,13 +154,18 @@ def _header_rules(value: Column, magic: Column, fingerprint: Column, env: Column
 
 def _all_utf8(env: Column) -> Column:
     """Every string of the envelope is valid UTF-8 (``from_avro`` does not check; fastavro
-    does, so a GuardedConsumer finds such a record corrupt too)."""
-    headers = F.map_entries(env.getField("headers"))
+    does, so a GuardedConsumer finds such a record corrupt too).
+
+    The header keys (and values) are checked as one string joined by an ASCII byte: an ASCII
+    byte is a character of its own in UTF-8, so the join is valid iff every part is. A lambda
+    (``forall``) would say the same but has no generated code, and would turn whole-stage
+    codegen off for the whole projection.
+    """
+    headers = env.getField("headers")
     return (F.is_valid_utf8(env.getField("id")) & F.is_valid_utf8(env.getField("producer"))
             & F.coalesce(F.is_valid_utf8(env.getField("payload_schema")), F.lit(True))
-            & F.when(F.size(headers) > 0, F.forall(  # a lambda: only where there are headers
-                headers, lambda e: F.is_valid_utf8(e.getField("key"))
-                & F.is_valid_utf8(e.getField("value")))).otherwise(F.lit(True)))
+            & F.is_valid_utf8(F.concat_ws(",", F.map_keys(headers)))
+            & F.is_valid_utf8(F.concat_ws(",", F.map_values(headers))))
 
 
 def _payload(env: Column, registry: SchemaRegistry, payload_schema: str
@@ -198,6 +203,10 @@ def _payload(env: Column, registry: SchemaRegistry, payload_schema: str
     return payload, rules
 
 
+CHECKS_PER_METHOD = 4
+"""Payload versions checked per generated method (see :func:`fence`) without ``payload_schema``."""
+
+
 def _payload_checks(rows: DataFrame, env: Column, registry: SchemaRegistry
                     ) -> tuple[DataFrame, list[Rule]]:
     """Step 4 without ``payload_schema``: the payload stays raw bytes, but a record that names
@@ -205,12 +214,15 @@ def _payload_checks(rows: DataFrame, env: Column, registry: SchemaRegistry
     version one of that schema's, the body a record of that version (a writer version of
     another schema is reported as not loaded, where the consumer names the other schema).
 
-    One column per loaded version, each a ``CASE`` that runs ``from_avro`` only on the rows of
-    its own (schema, writer): rows with raw payloads decode nothing. Unlike fastavro,
-    ``from_avro`` ignores bytes left after a complete record, so trailing bytes pass here; and
-    a schema whose top-level fields are all nullable cannot tell a corrupt body (PERMISSIVE
-    mode nulls the fields) from a record of nulls; a schema Spark cannot convert is skipped
-    with a warning.
+    One ``from_avro`` per loaded version, each in a ``CASE`` that runs it only on the rows of
+    its own (schema, writer): rows with raw payloads decode nothing. A row breaks at most one
+    schema's rules, so the checks run in groups of :data:`CHECKS_PER_METHOD` versions, each
+    group folded into one reason column behind a :func:`fence`: the generated code stays in
+    methods the JVM compiles, however many schemas are loaded. Unlike fastavro, ``from_avro``
+    ignores bytes left after a complete record, so trailing bytes pass here; and a schema
+    whose top-level fields are all nullable cannot tell a corrupt body (PERMISSIVE mode nulls
+    the fields) from a record of nulls; a schema Spark cannot convert is skipped with a
+    warning.
     """
     declared, writer = env.getField("payload_schema"), env.getField("payload_fingerprint")
     body = env.getField("payload")
@@ -218,6 +230,18 @@ def _payload_checks(rows: DataFrame, env: Column, registry: SchemaRegistry
     unknown = declared.isNotNull() & (~declared.isin(*names) if names else F.lit(True))
     rules: list[Rule] = [(unknown, F.concat(F.lit("no Avro schema named '"), declared,
                                             F.lit("' is loaded")))]
+    group: list[Rule] = []  # the rules of the checks in ``rows`` not yet reduced to a reason
+    checks: list[str] = []
+    reason = "_payload_reason"
+    rows = rows.withColumn(reason, F.lit(None).cast("string"))
+
+    def reduce_group(rows: DataFrame) -> DataFrame:
+        rows = fence(rows).withColumn(reason, F.coalesce(F.col(reason), _first_broken(group)))
+        group.clear()
+        rows = rows.drop(*checks)
+        checks.clear()
+        return fence(rows)
+
     for n, name in enumerate(names):
         app = registry.get(name)
         app_json = json.dumps(app.schema)
@@ -239,10 +263,16 @@ def _payload_checks(rows: DataFrame, env: Column, registry: SchemaRegistry
                             "payloads pass unchecked: %s", name, version.fingerprint.hex(),
                             str(exc).splitlines()[0])
                 continue
+            checks.append(column)
             broken = _decode_failed(F.col(column), app.schema)
             if broken is not None:
-                rules.append((mine & broken, F.lit(f"payload is not a valid {name} record")))
-        rules.insert(1, ((declared == F.lit(name)) & ~known, _writer_not_loaded(writer, name)))
+                group.append((mine & broken, F.lit(f"payload is not a valid {name} record")))
+        group.insert(0, ((declared == F.lit(name)) & ~known, _writer_not_loaded(writer, name)))
+        if len(checks) >= CHECKS_PER_METHOD:
+            rows = reduce_group(rows)
+    if group or checks:
+        rows = reduce_group(rows)
+    rules.append((F.col(reason).isNotNull(), F.col(reason)))
     return rows, rules
 
 
@@ -256,12 +286,19 @@ def _first_broken(rules: list[Rule]) -> Column:
 
 
 def fence(df: DataFrame) -> DataFrame:
-    """``df`` behind an optimizer fence: the same rows and columns, but a filter on them (the
-    sinks' ``status``) is not pushed below, where Spark would inline the decoding expressions
-    into the filter and run ``from_avro`` twice per row (once to filter, once to project).
+    """``df`` behind an optimizer and codegen fence: the same rows and columns, but
 
-    Spark pushes filters through projections of deterministic expressions, whatever they
-    cost; not below a generator's output, so the rows go through ``inline(array(struct))``.
+    - a filter on them (the sinks' ``status``) is not pushed below, where Spark would inline
+      the decoding expressions into the filter and run ``from_avro`` twice per row (once to
+      filter, once to project): Spark pushes filters through projections of deterministic
+      expressions, whatever they cost, but not below a generator's output;
+    - the code Spark generates after it goes into a Java method of its own. Whole-stage codegen
+      puts a chain of projections in one method, and HotSpot does not compile a method over
+      8,000 bytes of bytecode (``-XX:+DontCompileHugeMethods``): the whole decode in one method
+      (about 22 KB) ran interpreted, at half the speed. An operator that consumes every column
+      of its input, as this generator does, starts a new method.
+
+    The rows go through ``inline(array(struct))``.
     """
     return df.select(F.inline(F.array(F.struct(*df.columns))))
 
@@ -275,7 +312,8 @@ def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | No
     (a record written with another schema is malformed here), else the raw payload bytes.
     ``value`` (the raw record) is kept only on rows that are not ``ok``, for dead letters.
     ``max_ttl_ms`` (the key prefix's) and ``limits`` bound what a record may claim (Step 3).
-    Each ``from_avro`` runs once per row (see :func:`fence`).
+    Each ``from_avro`` runs once per row, and the generated code stays in methods the JVM
+    compiles (see :func:`fence`).
     """
     limits = InputLimits() if limits is None else limits
     value = F.col("value")
@@ -294,6 +332,7 @@ def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | No
         "_broken", broken_rule(  # Step 3.
             env, F.col("_id"), now_ms=now_ms, max_ttl_ms=max_ttl_ms, limits=limits))
     rules.append((F.col("_broken").isNotNull(), F.col("_broken")))
+    rows = fence(rows)  # the generated code in two methods the JVM compiles (see fence)
     payload: Column = env.getField("payload")
     if payload_schema is not None:  # Step 4.
         decoded, payload_rules = _payload(env, registry, payload_schema)
