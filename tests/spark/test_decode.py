@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -143,16 +144,23 @@ def test_position_column_spells_eoguards_position(spark: SparkSession) -> None:
         (reader, t, p, o) for t in topics for p, o in ((0, 0), (3, 2**40))}
 
 
-def max_method_bytes(df: DataFrame) -> int:
-    """The largest Java method, in bytes of bytecode, of the code Spark generates for ``df``."""
+def generated(df: DataFrame) -> list[tuple[str, int]]:
+    """(Java code, largest method in bytes of bytecode) of each whole-stage codegen subtree
+    Spark generates for ``df``."""
     jvm: Any = df.sparkSession._jvm
     debug = getattr(jvm.org.apache.spark.sql.execution.debug, "package$").__getattr__("MODULE$")
     subtrees = debug.codegenStringSeq(df._jdf.queryExecution().executedPlan()).iterator()
-    sizes = []
+    out = []
     while subtrees.hasNext():
-        sizes.append(int(subtrees.next()._3().maxMethodCodeSize()))
-    assert sizes, "no whole-stage codegen at all"
-    return max(sizes)
+        subtree = subtrees.next()
+        out.append((str(subtree._2()), int(subtree._3().maxMethodCodeSize())))
+    assert out, "no whole-stage codegen at all"
+    return out
+
+
+def max_method_bytes(df: DataFrame) -> int:
+    """The largest Java method, in bytes of bytecode, of the code Spark generates for ``df``."""
+    return max(size for _, size in generated(df))
 
 
 def test_the_generated_decode_stays_in_methods_the_jvm_compiles(spark: SparkSession) -> None:
@@ -171,3 +179,19 @@ def test_the_generated_decode_stays_in_methods_the_jvm_compiles(spark: SparkSess
     }
     print(f"largest generated method, bytes: {sizes}")
     assert max(sizes.values()) <= 8_000, sizes
+
+
+def test_only_a_small_last_stage_of_the_decode_reads_the_clock(spark: SparkSession) -> None:
+    """The clock is a long literal in the generated code (in a streaming query: the
+    micro-batch's timestamp), so code that reads it is compiled again at every batch. The
+    stage with the from_avro calls must be the same code at any time."""
+    raw = kafka_rows(spark, [EnvelopeCodec().encode(envelope(b"x"))])
+    runs = []
+    for _ in range(2):
+        df = decode(raw, SchemaRegistry.default(), payload_schema=ORDER)
+        runs.append({("from_avro" if "AvroDataToCatalyst" in code else "clock"): code
+                     for code, _ in generated(df)})
+        time.sleep(0.01)  # another current_timestamp()
+    assert set(runs[0]) == {"from_avro", "clock"}, "the decode is not split in two stages"
+    assert runs[0]["from_avro"] == runs[1]["from_avro"]
+    assert runs[0]["clock"] != runs[1]["clock"]  # the clock is in the code: this test can fail

@@ -33,7 +33,13 @@ from pyspark.sql.avro.functions import from_avro
 
 from eoguard.codec import ENVELOPE_SCHEMA, HEADER_SIZE, MAGIC, InputLimits, SchemaRegistry
 from eoguard.store.keys import DEFAULT_MAX_TTL_MS
-from eoguard_spark.rules import broken_rule, canonical_id
+from eoguard_spark.rules import (
+    Rule,
+    beyond_max_ttl,
+    canonical_id,
+    envelope_rules,
+    first_broken,
+)
 
 __all__ = ["DEAD_LETTER_COLUMNS", "OUTPUT_COLUMNS", "RowStatus", "decode", "fence"]
 
@@ -125,10 +131,6 @@ def _envelope(body: Column, fingerprint: Column, registry: SchemaRegistry) -> Co
         result = result.when(fingerprint == F.lit(bytearray(version.fingerprint)), parsed)
     envelope: Column = result
     return envelope
-
-
-Rule = tuple[Column, Column]
-"""A malformed-record rule: (the row breaks it, the reason); the first broken rule wins."""
 
 
 def _header_rules(value: Column, magic: Column, fingerprint: Column, env: Column,
@@ -236,7 +238,7 @@ def _payload_checks(rows: DataFrame, env: Column, registry: SchemaRegistry
     rows = rows.withColumn(reason, F.lit(None).cast("string"))
 
     def reduce_group(rows: DataFrame) -> DataFrame:
-        rows = fence(rows).withColumn(reason, F.coalesce(F.col(reason), _first_broken(group)))
+        rows = fence(rows).withColumn(reason, F.coalesce(F.col(reason), first_broken(group)))
         group.clear()
         rows = rows.drop(*checks)
         checks.clear()
@@ -276,15 +278,6 @@ def _payload_checks(rows: DataFrame, env: Column, registry: SchemaRegistry
     return rows, rules
 
 
-def _first_broken(rules: list[Rule]) -> Column:
-    """The reason of the first rule a row breaks, else null."""
-    reason: Any = F
-    for broken, why in rules:
-        reason = reason.when(broken, why)
-    out: Column = reason
-    return out
-
-
 def fence(df: DataFrame) -> DataFrame:
     """``df`` behind an optimizer and codegen fence: the same rows and columns, but
 
@@ -303,6 +296,24 @@ def fence(df: DataFrame) -> DataFrame:
     return df.select(F.inline(F.array(F.struct(*df.columns))))
 
 
+CLOCK_BOUNDARY = "eoguard_decoded"
+"""The name of the observation that ends the decode's clock-free stage (see clock_boundary)."""
+
+
+def clock_boundary(df: DataFrame) -> DataFrame:
+    """``df`` with a whole-stage codegen boundary on top: an observation (``CollectMetrics``,
+    for which Spark generates no code) counting its rows.
+
+    In a streaming query ``current_timestamp()`` becomes the micro-batch's timestamp as a
+    literal after optimization, and a long literal is written into the generated Java code.
+    A stage that reads the clock is thus new code every micro-batch: compiled again, and
+    JIT-compiled again from the interpreter up (that took more CPU than the decode itself).
+    Everything below the boundary is the same code every batch, compiled once per query;
+    only the small stage above it changes.
+    """
+    return df.observe(CLOCK_BOUNDARY, F.count(F.lit(1)).alias("rows"))
+
+
 def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | None = None,
            max_ttl_ms: int = DEFAULT_MAX_TTL_MS, limits: InputLimits | None = None
            ) -> DataFrame:
@@ -312,8 +323,9 @@ def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | No
     (a record written with another schema is malformed here), else the raw payload bytes.
     ``value`` (the raw record) is kept only on rows that are not ``ok``, for dead letters.
     ``max_ttl_ms`` (the key prefix's) and ``limits`` bound what a record may claim (Step 3).
-    Each ``from_avro`` runs once per row, and the generated code stays in methods the JVM
-    compiles (see :func:`fence`).
+    Each ``from_avro`` runs once per row, the generated code stays in methods the JVM
+    compiles (see :func:`fence`), and only a small last stage reads the micro-batch's clock
+    (see :func:`clock_boundary`).
     """
     limits = InputLimits() if limits is None else limits
     value = F.col("value")
@@ -326,25 +338,29 @@ def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | No
         _envelope(body, F.substring(value, 3, 8), registry).alias("_env"),
     )
     env = F.col("_env")
-    rules = _header_rules(value, F.col("_magic"), F.col("_fingerprint"), env, registry)
-    now_ms = F.unix_millis(F.current_timestamp())  # the micro-batch's: the same on a replay
+    # Step 3. The rules before the expiry bound, then (a method of its own) those after it.
+    before, after = envelope_rules(env, F.col("_id"), limits=limits)
     rows = rows.withColumn("_id", canonical_id(env.getField("id"))).withColumn(
-        "_broken", broken_rule(  # Step 3.
-            env, F.col("_id"), now_ms=now_ms, max_ttl_ms=max_ttl_ms, limits=limits))
-    rules.append((F.col("_broken").isNotNull(), F.col("_broken")))
-    rows = fence(rows)  # the generated code in two methods the JVM compiles (see fence)
+        "_head", first_broken(_header_rules(value, F.col("_magic"), F.col("_fingerprint"), env,
+                                            registry) + before))
+    rows = fence(rows)  # the generated code in methods the JVM compiles (see fence)
     payload: Column = env.getField("payload")
     if payload_schema is not None:  # Step 4.
         decoded, payload_rules = _payload(env, registry, payload_schema)
         rows = rows.withColumn("_payload", decoded)
         payload = F.col("_payload")
-        rules += payload_rules
     else:
         rows, payload_rules = _payload_checks(rows, env, registry)
-        rules += payload_rules
+    rows = clock_boundary(rows.withColumn("_tail", first_broken(after + payload_rules)))
+    # Step 5, behind the boundary: the only expressions that read the micro-batch's clock.
+    now_ms = F.unix_millis(F.current_timestamp())  # the micro-batch's: the same on a replay
     expires_ms = env.getField("expires_at")
-    rows = rows.withColumn("reason", _first_broken(rules)).withColumn(
-        "status",  # Step 5.
+    rows = rows.withColumn("reason", F.coalesce(
+        F.col("_head"),
+        first_broken([beyond_max_ttl(env, now_ms=now_ms, max_ttl_ms=max_ttl_ms, limits=limits)]),
+        F.col("_tail"),
+    )).withColumn(
+        "status",
         F.when(F.col("reason").isNotNull(), F.lit(RowStatus.MALFORMED.value))
         .when(expires_ms <= now_ms, F.lit(RowStatus.EXPIRED.value))
         .otherwise(F.lit(RowStatus.OK.value)),

@@ -3,12 +3,15 @@
 Same rules, same order, same words in the reasons as the GuardedConsumer, so a record is
 malformed for the Spark job exactly when it is for a consumer of the same limits:
 :func:`canonical_id` mirrors :func:`eoguard.envelope.canonical_id` step by step, and
-:func:`broken_rule` mirrors :func:`eoguard.codec.check_envelope`. Times are epoch
-milliseconds (the envelope is decoded without logical types, so an absurd expiry is a long
-to compare, not a timestamp that overflows).
+:func:`envelope_rules` with :func:`beyond_max_ttl` (the one rule that reads a clock) mirror
+:func:`eoguard.codec.check_envelope`. Times are epoch milliseconds (the envelope is decoded
+without logical types, so an absurd expiry is a long to compare, not a timestamp that
+overflows).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
@@ -16,7 +19,7 @@ from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from eoguard.codec import InputLimits
 from eoguard.envelope import MAX_ID_CHARS
 
-__all__ = ["broken_rule", "canonical_id"]
+__all__ = ["Rule", "beyond_max_ttl", "canonical_id", "envelope_rules", "first_broken"]
 
 _CANONICAL = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\z"
 _DIGITS = r"([0-9a-f]{8})-?([0-9a-f]{4})-?([0-9a-f]{4})-?([0-9a-f]{4})-?([0-9a-f]{12})"
@@ -40,9 +43,23 @@ def canonical_id(text: Column) -> Column:
         F.regexp_replace(low, _SPELLED, groups))
 
 
-def broken_rule(env: Column, canonical: Column, *, now_ms: Column, max_ttl_ms: int,
-                limits: InputLimits) -> Column:
-    """Why the decoded envelope struct ``env`` breaks an input rule, or null when it does not.
+Rule = tuple[Column, Column]
+"""A malformed-record rule: (the row breaks it, the reason); the first broken rule wins."""
+
+
+def first_broken(rules: list[Rule]) -> Column:
+    """The reason of the first rule a row breaks, else null."""
+    reason: Any = F
+    for broken, why in rules:
+        reason = reason.when(broken, why)
+    out: Column = reason
+    return out
+
+
+def envelope_rules(env: Column, canonical: Column, *, limits: InputLimits
+                   ) -> tuple[list[Rule], list[Rule]]:
+    """The rules of ``check_envelope`` that need no clock: those before its expiry bound
+    (:func:`beyond_max_ttl`) and those after it, in its order.
 
     ``env`` has the envelope's fields with ``expires_at``/``created_at`` as epoch ms longs;
     ``canonical`` is :func:`canonical_id` of its id (computed once, also the output's id).
@@ -57,26 +74,34 @@ def broken_rule(env: Column, canonical: Column, *, now_ms: Column, max_ttl_ms: i
                     + F.octet_length(F.concat_ws("", F.map_values(headers))))
     shown = F.when(F.length(mid) <= MAX_ID_CHARS, mid).otherwise(
         F.concat(mid.substr(1, MAX_ID_CHARS), F.lit("...")))
-    return (
-        F.when(canonical.isNull(),
-               F.format_string("id '%s' (%d characters) is not a UUID", shown, F.length(mid)))
-        .when(expires < created,
-              F.format_string("expires_at %d is before created_at %d", expires, created))
-        .when(expires > now_ms + F.lit(max_ttl_ms + limits.clock_skew_ms),
-              F.format_string("expires_at %d is beyond now + max_ttl (%d + %d ms)", expires,
-                              now_ms, F.lit(max_ttl_ms)))
-        .when(env.getField("attempt") < 1,
-              F.format_string("attempt %d is below 1", env.getField("attempt")))
-        .when(F.length(producer) > limits.producer_chars,
-              F.format_string("producer is %d characters, over %d", F.length(producer),
-                              F.lit(limits.producer_chars)))
-        .when(F.octet_length(payload) > limits.payload_bytes,
-              F.format_string("payload is %d bytes, over %d", F.octet_length(payload),
-                              F.lit(limits.payload_bytes)))
-        .when(F.size(headers) > limits.header_count,
-              F.format_string("%d headers, over %d", F.size(headers),
-                              F.lit(limits.header_count)))
-        .when(header_bytes > limits.header_bytes,
-              F.format_string("headers are %d bytes, over %d", header_bytes,
-                              F.lit(limits.header_bytes)))
-    )
+    before: list[Rule] = [
+        (canonical.isNull(),
+         F.format_string("id '%s' (%d characters) is not a UUID", shown, F.length(mid))),
+        (expires < created,
+         F.format_string("expires_at %d is before created_at %d", expires, created)),
+    ]
+    after: list[Rule] = [
+        (env.getField("attempt") < 1,
+         F.format_string("attempt %d is below 1", env.getField("attempt"))),
+        (F.length(producer) > limits.producer_chars,
+         F.format_string("producer is %d characters, over %d", F.length(producer),
+                         F.lit(limits.producer_chars))),
+        (F.octet_length(payload) > limits.payload_bytes,
+         F.format_string("payload is %d bytes, over %d", F.octet_length(payload),
+                         F.lit(limits.payload_bytes))),
+        (F.size(headers) > limits.header_count,
+         F.format_string("%d headers, over %d", F.size(headers), F.lit(limits.header_count))),
+        (header_bytes > limits.header_bytes,
+         F.format_string("headers are %d bytes, over %d", header_bytes,
+                         F.lit(limits.header_bytes))),
+    ]
+    return before, after
+
+
+def beyond_max_ttl(env: Column, *, now_ms: Column, max_ttl_ms: int, limits: InputLimits
+                   ) -> Rule:
+    """The expiry bound of ``check_envelope``: no later than now + ``max_ttl`` (+ clock skew)."""
+    expires = env.getField("expires_at")
+    return (expires > now_ms + F.lit(max_ttl_ms + limits.clock_skew_ms),
+            F.format_string("expires_at %d is beyond now + max_ttl (%d + %d ms)", expires,
+                            now_ms, F.lit(max_ttl_ms)))
