@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from eoguard.stack import Endpoints, LocalStack
@@ -49,9 +50,10 @@ def test_the_partition_leader_sigkilled_and_restarted(stack: Endpoints, new_topi
                                                       tmp_path: Path) -> None:
     topic, scope = new_topic(PARTITIONS), "leader"
     admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
-    victim_id = _leaders(admin, topic)[0]
+    leaders = _settled_leaders(admin, topic, PARTITIONS)
+    victim_id = leaders[0]
     victim = _node(admin, victim_id)
-    led = [p for p, leader in _leaders(admin, topic).items() if leader == victim_id]
+    led = [p for p, leader in leaders.items() if leader == victim_id]
     group = unique_group("leader")
     consumer = Supervised(lambda: Worker(
         "consumer_worker.py", stack.kafka_bootstrap, stack.redis_url, topic, key_prefix, scope,
@@ -66,9 +68,15 @@ def test_the_partition_leader_sigkilled_and_restarted(stack: Endpoints, new_topi
     def guaranteed() -> int:
         return sum(len(p.guaranteed()) for p in producers.values())
 
+    def holds(pred: Callable[[], bool]) -> bool:
+        try:
+            return pred()
+        except KafkaException:  # a metadata request timed out while the cluster fails over
+            return False
+
     def wait(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
-        while not pred():
+        while not holds(pred):
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
             consumer.watch()
             time.sleep(0.1)
@@ -152,6 +160,21 @@ def _leaders(admin: AdminClient, topic: str) -> dict[int, int]:
     """Partition -> id of its leader broker (-1 while it has none)."""
     meta = admin.list_topics(topic, timeout=10)
     return {p: part.leader for p, part in meta.topics[topic].partitions.items()}
+
+
+def _settled_leaders(admin: AdminClient, topic: str, partitions: int) -> dict[int, int]:
+    """:func:`_leaders` once every partition of a new topic has one (the three nodes learn of
+    a new topic one after the other)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            leaders = _leaders(admin, topic)
+        except (KafkaException, KeyError):
+            leaders = {}
+        if len(leaders) == partitions and min(leaders.values()) >= 0:
+            return leaders
+        assert time.monotonic() < deadline, f"topic {topic} has no leader for every partition"
+        time.sleep(0.2)
 
 
 def _in_every_isr(admin: AdminClient, topic: str, broker_id: int) -> bool:

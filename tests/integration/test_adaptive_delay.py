@@ -237,8 +237,12 @@ def test_delay_shrinks_as_the_backlog_nears_its_bound(
     print(f"\nbacklog bound {bound}: delay {median(low):.0f} ms (median) below 40% full, "
           f"{median(near):.0f} ms at 80% full or more ({len(near)} samples, {blocked_at_bound} "
           f"at the bound); {stats.persisted} of {len(ids)} messages written to Redis")
-    assert max(low) == cfg.delay_max_ms  # (a sample may lag the fill by one 100 ms update)
-    assert median(near) < cfg.delay_max_ms / 2
+    # A sample may lag the fill by one 100 ms update, and on a busy machine the queue fills by
+    # 5% or more in one: at 80% full the policy gives 0.4 of the maximum, one update earlier
+    # (75%) 0.5 of it. Still well below the maximum, and near the bound far below.
+    assert max(low) == cfg.delay_max_ms
+    assert median(near) < 0.6 * cfg.delay_max_ms
+    assert min(near) < cfg.delay_max_ms / 4
     assert stats.persisted >= len(ids) // 2  # the broker was paused: most waited out the delay
     assert set(rec.guaranteed) == set(ids)
     assert len(consume(private_kafka.address, topic, len(ids))) == len(ids)
