@@ -45,6 +45,7 @@ from eoguard.config import ConsumerConfig, ProducerConfig, RedisConfig
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.producer.guarded import GuardedProducer
 from eoguard.stack import LocalStack
+from eoguard.store.client import reply_text
 from eoguard.store.keys import KeySpace
 
 FETCH = {"fetch.wait.max.ms": 10, "fetch.min.bytes": 1}
@@ -171,15 +172,11 @@ class RedisStalls:
             if not self.on:
                 return ""
             rows = self.client.execute_command("LATENCY", "LATEST")
-            return ", ".join(f"{_text(r[0])} max {int(r[3])} ms" for r in rows)
+            return ", ".join(f"{reply_text(r[0])} max {int(r[3])} ms" for r in rows)
         except redis.RedisError:
             return ""
         finally:
             self.client.close()
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def summary(lat: list[float]) -> str:
