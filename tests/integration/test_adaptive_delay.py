@@ -8,6 +8,7 @@ producers, and shrinks when the in-memory backlog nears its bound. Asserted by d
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import statistics
@@ -224,25 +225,35 @@ def test_delay_shrinks_as_the_backlog_nears_its_bound(
             deadline = time.monotonic() + 6
             while time.monotonic() < deadline and len(ids) < 20_000:
                 ids.append(producer.send(topic, b"p" * 200).id)
-                if len(ids) % 500 == 0:
-                    time.sleep(0.01)
+                if len(ids) % 100 == 0:
+                    # Paced at about 4,000/s: the delay is updated every 100 ms, so a sample's
+                    # delay was computed at most about 10% of the bound below its own fill.
+                    # Without the shrink the backlog would pass the bound within 1 s; with it,
+                    # it settles near 90% full (where the delay times the pace is the backlog).
+                    time.sleep(0.02)
         sampler.phase = "resumed"
         assert producer.flush(60) == 0
         sampler.stop()
         stats = producer.stats()
     filling = [s.stats for s in sampler.samples if s.phase == "filling"]
-    low = [s.current_delay_ms for s in filling if s.queue_depth < bound * 0.4]
+    # Low fill: the samples before the backlog first reached 40% of the bound. Later in the
+    # phase the queue drains again as delays end (the broker is paused, so messages are
+    # persisted), and a sample there may carry a delay computed one update earlier at a
+    # higher fill.
+    low = [s.current_delay_ms
+           for s in itertools.takewhile(lambda s: s.queue_depth < bound * 0.4, filling)]
     near = [s.current_delay_ms for s in filling if s.queue_depth >= bound * 0.8]
     blocked_at_bound = sum(1 for s in filling if s.queue_depth >= bound)
     print(f"\nbacklog bound {bound}: delay {median(low):.0f} ms (median) below 40% full, "
           f"{median(near):.0f} ms at 80% full or more ({len(near)} samples, {blocked_at_bound} "
           f"at the bound); {stats.persisted} of {len(ids)} messages written to Redis")
-    # A sample may lag the fill by one 100 ms update, and on a busy machine the queue fills by
-    # 5% or more in one: at 80% full the policy gives 0.4 of the maximum, one update earlier
-    # (75%) 0.5 of it. Still well below the maximum, and near the bound far below.
-    assert max(low) == cfg.delay_max_ms
+    # A sample may lag the fill by one 100 ms update, about 10% of the bound at this pace: at
+    # 80% full the policy gives 0.4 of the maximum, one update earlier (70%) 0.6 of it, and
+    # most samples near the bound are at the settled fill, where the delay is lower still.
+    assert low
+    assert min(low) == cfg.delay_max_ms
+    assert near, "the backlog never came near its bound: the test sent too slowly"
     assert median(near) < 0.6 * cfg.delay_max_ms
-    assert min(near) < cfg.delay_max_ms / 4
     assert stats.persisted >= len(ids) // 2  # the broker was paused: most waited out the delay
     assert set(rec.guaranteed) == set(ids)
     assert len(consume(private_kafka.address, topic, len(ids))) == len(ids)
