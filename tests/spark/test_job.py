@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import redis
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
 from eoguard.envelope import now_ms
 from eoguard.errors import ConfigError
@@ -174,6 +175,41 @@ def test_expired_and_malformed_never_reach_the_output(spark, new_topic, kafka_bo
     assert {r["id"] for r in dead if r["status"] == "expired"} == {e.id for e in expired}
     assert all(r["reason"] for r in dead)
     assert {bytes(r["value"]) for r in dead if r["status"] == "malformed"} == set(malformed)
+
+
+@pytest.mark.parametrize("sink", ["parquet", "hook"])
+def test_rows_expired_by_their_claim_are_dead_letters_with_a_reason(
+        spark, new_topic, kafka_bootstrap, job_options, run_job, sink: str) -> None:
+    """A row alive at the decode's clock may have expired by Redis's when it is claimed (a long
+    batch, a short TTL). ``transform`` plays that: it hands expired rows on as ``ok``."""
+    topic = new_topic(2)
+    good = [envelope(b"g%d" % i) for i in range(10)]
+    late = [envelope(b"x%d" % i, ttl_ms=-5_000) for i in range(4)]
+    produce(kafka_bootstrap, topic, [*good, *late])
+    options = job_options([topic])
+    hooked: list[str] = []
+    if sink == "hook":
+        options = replace(options, output_path=None)
+
+    def revive(rows: DataFrame) -> DataFrame:
+        expired = F.col("status") == "expired"
+        return (rows.withColumn("reason", F.when(~expired, F.col("reason")))
+                .withColumn("status", F.when(expired, F.lit("ok")).otherwise(F.col("status"))))
+
+    def hook(rows: DataFrame, _batch_id: int) -> None:
+        hooked.extend(r["id"] for r in rows.select("id").collect())
+
+    stats = run_job(options, transform=revive, foreach_batch=hook)
+
+    print(f"statuses={dict(totals(stats))}")
+    assert sorted(hooked) == sorted(e.id for e in good)
+    if options.output_path:
+        assert ids_of(spark, options.output_path) == Counter(e.id for e in good)
+    assert (totals(stats)["new"], totals(stats)["expired"]) == (10, 4)
+    dead = spark.read.parquet(options.dead_letter_path).collect()
+    assert sorted(r["id"] for r in dead) == sorted(e.id for e in late)
+    assert {r["status"] for r in dead} == {"expired"}
+    assert all("found when claimed" in r["reason"] for r in dead), [r["reason"] for r in dead]
 
 
 @pytest.mark.parametrize("lose_ledger", [False, True], ids=["after-ledger", "before-ledger"])

@@ -6,14 +6,15 @@ steps. :class:`BatchStats` is what each batch reports to ``on_batch``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
 from eoguard.envelope import now_ms
@@ -87,16 +88,18 @@ class BatchProcessor:
             won is dropped, others are waited on and claimed again. If the batch's done mark
             had landed before (a replay that lost its ledger entry and its Parquet commit),
             its DONE_HERE rows are kept and rows it did not take the first time are left out
-            (``stale``, ``busy``), so it writes what the first run wrote. The claimed rows
-            are cached (the claim UDF must not run twice) and counted by status. From here to
-            the done mark the driver renews the batch's records every ``lease_s / 3``
+            (``stale``, ``busy``), so it writes what the first run wrote. The claim UDF must
+            not run twice over a row: with a Parquet sink it runs inside the sink's write
+            (one pass decodes, claims, counts and writes; see :meth:`_claim_into`), without
+            one the claimed rows are cached and counted by status. From here to the done
+            mark the driver renews the batch's records every ``lease_s / 3``
             (:class:`eoguard_spark.lease.BatchLease`), so a slow batch keeps its claims.
     Step 3. The accepted rows to the Parquet sink: written to a temporary directory and
-            renamed to ``batch_id=N`` (replace, never append); without a cache (no dedup
-            mode, no hook) this is the one pass that decodes the batch, and counts it by
-            status as it goes. Then the dead letters (malformed, expired) the same way, if
-            there are any. If the Parquet sink committed ``N`` already, its rows are the
-            batch's (and the dead letters are written if they were not).
+            renamed to ``batch_id=N`` (replace, never append); without a cache this is the
+            one pass that decodes the batch, and counts it by status as it goes. Then the
+            dead letters (malformed, expired) the same way, if there are any. If the
+            Parquet sink committed ``N`` already, its rows are the batch's (and the dead
+            letters are written if they were not).
     Step 4. The user's ``foreach_batch(rows, N)``; then the ledger records ``N``.
     Step 5. Redis mode: mark the batch's records done from the driver, one script call (per
             shard on Redis Cluster); only now can duplicates elsewhere in the scope be dropped
@@ -192,26 +195,18 @@ class BatchProcessor:
         if output is not None and output.committed(batch_id):
             stats.replayed = True
             if dead is not None and not dead.committed(batch_id):  # a crash between the two
-                dead.write(df.filter(status.isin(*to_dead)).select(*DEAD_LETTER_COLUMNS),
-                           batch_id)
+                dead.write(_dead_letters(df, to_dead), batch_id)
             return output.read(batch_id)
 
+        if output is not None and self.options.dedup is DedupMode.REDIS:
+            return self._claim_into(output, df, batch_id, token=token, stats=stats, cached=cached)
+
         def keep(frame: DataFrame) -> DataFrame:
-            """Cache ``frame`` (later steps read it twice or more) and count it by status, in
-            one pass without a shuffle."""
-            frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
-            cached.append(frame)
-            observation = Observation()
-            frame.observe(observation, *_status_counts()).write.format("noop") \
-                .mode("overwrite").save()
-            for name, count in observation.get.items():
-                if count:
-                    stats.rows[name] = stats.rows.get(name, 0) + int(count)
-            return frame
+            return _keep(frame, stats, cached)
 
         columns = list(OUTPUT_COLUMNS)
         with stats.phase("classify"):
-            if self.options.dedup is DedupMode.REDIS:  # Step 2.
+            if self.options.dedup is DedupMode.REDIS:  # Step 2, without a Parquet sink.
                 settings = replace(self.settings, token=token, token_done=self._is_done(token))
                 first_pass = replace(settings, busy_wait_ms=0)
                 positioned = df.withColumn("position", position_column(self.reader()))
@@ -246,11 +241,63 @@ class BatchProcessor:
             # Most batches have no dead letters: then no pass looks for them.
             if dead is not None and any(stats.rows.get(s) for s in to_dead) \
                     and not dead.committed(batch_id):
-                dead.write(classified.filter(status.isin(*to_dead))
-                           .select(*DEAD_LETTER_COLUMNS), batch_id)
+                dead.write(_dead_letters(classified, to_dead), batch_id)
         if output is not None and not cached and self.foreach_batch is not None:
             return output.read(batch_id)  # the hook reads the Parquet files: no second decode
         return accepted
+
+    def _claim_into(self, output: ParquetBatchSink, df: DataFrame, batch_id: int, *,
+                    token: str, stats: BatchStats, cached: list[DataFrame]) -> DataFrame:
+        """Steps 2 and 3 in Redis mode with a Parquet sink: the claim UDF runs inside the
+        sink's write, so the batch is decoded and claimed in one pass and nothing is cached.
+
+        The pass claims without waiting and observes, beside the counts, where the few rows
+        the claims decided against the decode are: BUSY rows, and rows that expired by
+        Redis's clock between the decode and the claim. BUSY rows are then claimed again
+        with the bounded wait (only those rows, read again from the batch), and those taken
+        over join the batch's files before its commit. Returns the rows the sink holds.
+        """
+        to_dead = RowStatus.to_dead_letter(expired=self.options.dead_letter_expired)
+        to_output = RowStatus.to_output()
+        status = F.col("status")
+        columns = [*OUTPUT_COLUMNS, "position"]
+        settings = replace(self.settings, token=token, token_done=self._is_done(token))
+        positioned = (df.withColumn("position", position_column(self.reader()))
+                      .withColumn(_DECODED, status))
+        claimed = positioned.withColumn("status", claim_status(replace(settings, busy_wait_ms=0)))
+        observation = Observation()
+        observed = claimed.observe(observation, *_status_counts(), _claim_outcomes())
+        settled: DataFrame | None = None
+        with stats.phase("sinks"), output.batch(batch_id) as pending:
+            pending.add(observed.filter(status.isin(*to_output)).select(*columns))
+            counts = observation.get
+            outcomes = counts.pop(_OUTCOMES) or []
+            stats.rows = {name: int(n) for name, n in counts.items() if n}
+            busy = [row for row in outcomes if row["status"] == RowStatus.BUSY.value]
+            # A replay of a done batch waits on nothing: what it did not take the first time
+            # it leaves out.
+            if busy and not settings.token_done:
+                with stats.phase("settle"):
+                    del stats.rows[RowStatus.BUSY.value]
+                    again = _rows_at(positioned, busy).withColumn("status",
+                                                                  F.lit(RowStatus.OK.value))
+                    settled = _keep(again.withColumn("status", claim_status(settings)),
+                                    stats, cached)
+                    pending.add(settled.filter(status.isin(*to_output)).select(*columns))
+        dead = self.sinks()[1]
+        if dead is not None and any(stats.rows.get(s) for s in to_dead) \
+                and not dead.committed(batch_id):
+            with stats.phase("dead letters"):
+                frames = [df]  # rows the decode sent to the dead letters
+                late = [row for row in outcomes if row["status"] == RowStatus.EXPIRED.value]
+                if late:
+                    frames.append(_rows_at(df, late).withColumn(
+                        "status", F.lit(RowStatus.EXPIRED.value)).withColumn("reason", F.lit(None)))
+                if settled is not None:
+                    frames.append(settled.drop("position", _DECODED))
+                dead.write(_dead_letters(functools.reduce(DataFrame.unionByName, frames),
+                                         to_dead), batch_id)
+        return output.read(batch_id)
 
     def _own_rows(self, df: DataFrame) -> DataFrame:
         """The rows this batch may have handled, when no Parquet sink keeps what it wrote:
@@ -304,6 +351,54 @@ class BatchProcessor:
         # One row of counts per partition comes back (never the rows themselves).
         for part in rows.mapInArrow(ack_partitions(self.settings), ACK_COUNTS_SCHEMA).collect():
             stats.acked += int(part["acked"])
+
+
+_DECODED = "_decoded"  # the status the decode gave, beside the claim's
+_OUTCOMES = "_claim_outcomes"
+
+
+def _claim_outcomes() -> Column:
+    """An aggregate for ``DataFrame.observe``: where the rows are whose claim left them out
+    for a reason the decode did not see (BUSY; expired by Redis's clock), with that status.
+    Few in a batch, usually none: the driver reads them back (:func:`_rows_at`)."""
+    status = F.col("status")
+    late = (status == RowStatus.EXPIRED.value) & (F.col(_DECODED) == RowStatus.OK.value)
+    return F.collect_list(F.when((status == RowStatus.BUSY.value) | late, F.struct(
+        "topic", "partition", "offset", "status"))).alias(_OUTCOMES)
+
+
+def _rows_at(frame: DataFrame, where: Sequence[Row]) -> DataFrame:
+    """The rows of ``frame`` at the positions (topic, partition, offset) ``where`` names."""
+    at = frame.sparkSession.createDataFrame(
+        [(row["topic"], row["partition"], row["offset"]) for row in where],
+        "topic string, partition int, offset long")
+    return frame.join(F.broadcast(at), ["topic", "partition", "offset"], "left_semi")
+
+
+def _keep(frame: DataFrame, stats: BatchStats, cached: list[DataFrame]) -> DataFrame:
+    """Cache ``frame`` (later steps read it twice or more; added to ``cached``) and count it by
+    status into ``stats.rows``, in one pass without a shuffle."""
+    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+    cached.append(frame)
+    observation = Observation()
+    frame.observe(observation, *_status_counts()).write.format("noop").mode("overwrite").save()
+    for name, count in observation.get.items():
+        if count:
+            stats.rows[name] = stats.rows.get(name, 0) + int(count)
+    return frame
+
+
+def _dead_letters(frame: DataFrame, to_dead: Sequence[str]) -> DataFrame:
+    """The dead-letter rows of ``frame``. A row that expired after the decode (its claim
+    found it expired by Redis's clock) has no reason yet: it gets one saying so."""
+    status = F.col("status")
+    late = F.concat(F.lit("expired at "),
+                    F.date_format("expires_at", "yyyy-MM-dd'T'HH:mm:ss.SSSXXX"),
+                    F.lit(" (found when claimed, by Redis's clock)"))
+    return (frame.filter(status.isin(*to_dead))
+            .withColumn("reason", F.coalesce(
+                F.col("reason"), F.when(status == RowStatus.EXPIRED.value, late)))
+            .select(*DEAD_LETTER_COLUMNS))
 
 
 def _status_counts() -> list[Column]:

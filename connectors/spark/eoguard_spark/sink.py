@@ -25,14 +25,16 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
 from eoguard.errors import ConfigError
 
-__all__ = ["BatchLedger", "HadoopFs", "ParquetBatchSink", "default_reader", "query_id_of",
-           "recorded_reader", "resolve_reader"]
+__all__ = ["BatchLedger", "HadoopFs", "ParquetBatchSink", "PendingBatch", "default_reader",
+           "query_id_of", "recorded_reader", "resolve_reader"]
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +137,19 @@ def reader_mismatch(checkpoint: str, recorded: str, configured: str) -> str:
             f"Keep reader={recorded!r} (or leave it unset) for this checkpoint.")
 
 
+class PendingBatch:
+    """The temporary directory of a batch being written (:meth:`ParquetBatchSink.batch`)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.written = False
+
+    def add(self, df: DataFrame) -> None:
+        """Write ``df``'s rows into the batch, beside those of the frames added before."""
+        df.write.mode("append" if self.written else "errorifexists").parquet(self.path)
+        self.written = True
+
+
 class ParquetBatchSink:
     """Per-batch Parquet directories, committed by an atomic rename (see the module docstring)."""
 
@@ -157,10 +172,16 @@ class ParquetBatchSink:
         return self.spark.read.parquet(self.batch_dir(batch_id))
 
     def write(self, df: DataFrame, batch_id: int) -> None:
-        """Write batch ``batch_id`` and commit it; replaces a directory this query did not commit.
+        """Write batch ``batch_id`` and commit it; replaces a directory this query did not commit."""
+        with self.batch(batch_id) as pending:
+            pending.add(df)
 
-        Step 1. Write the rows into a fresh temporary directory (a failed attempt leaves only
-                a temporary directory behind, never a visible batch).
+    @contextmanager
+    def batch(self, batch_id: int) -> Iterator[PendingBatch]:
+        """Batch ``batch_id``'s files, committed when the block ends without an exception.
+
+        Step 1. Each frame added is written into one fresh temporary directory (a failed
+                attempt leaves only a temporary directory behind, never a visible batch).
         Step 2. Put the commit marker (this query's id) into it.
         Step 3. Remove a stale ``batch_id=N`` (another query's, or a partial copy), then rename
                 the temporary directory into place: the commit point.
@@ -170,7 +191,10 @@ class ParquetBatchSink:
         tmp_root = f"{self.path}/{TMP_DIR}"
         prefix = f"batch_id={batch_id}-"
         tmp = f"{tmp_root}/{prefix}{uuid.uuid4().hex}"
-        df.write.mode("errorifexists").parquet(tmp)  # Step 1.
+        pending = PendingBatch(tmp)
+        yield pending  # Step 1.
+        if not pending.written:
+            raise ValueError(f"batch {batch_id}: no frame was added (an empty frame still is)")
         self._fs.write_text(f"{tmp}/{COMMIT_MARKER}", self.query_id)  # Step 2.
         if self._fs.exists(final):  # Step 3.
             log.warning("replacing %s: it was not committed by query %s", final, self.query_id)
