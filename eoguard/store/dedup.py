@@ -112,6 +112,11 @@ class DedupStore:
     def key(self, message_id: str) -> str:
         return self.keys.dedup(self.scope, message_id)
 
+    @property
+    def key_prefixes(self) -> tuple[str, ...]:
+        """Per shard, the prefix of this scope's claim keys: the key is it plus the id."""
+        return self._key_prefixes
+
     def new_claim(self, message_id: str, where: str, expires_at_ms: int) -> Claim:
         """A claim of this scope at position ``where``, its claim key located once."""
         shard = self.keys.shard_of(message_id)

@@ -15,7 +15,7 @@ from eoguard.modes import KeepUntil
 from eoguard.store.dedup import BatchState, Claim, DedupStore, IdState, position
 from eoguard.store.keys import DEFAULT_MAX_TTL_MS, KeySpace
 from eoguard.store.outbox import Outbox, OutboxRecord
-from eoguard_spark.claims import claim_partition
+from eoguard_spark.claims import ClaimInput, claim_partition
 from eoguard_spark.dedup import batch_token
 from eoguard_spark.worker import ClaimSettings, ack_partition
 
@@ -39,11 +39,13 @@ def at(offset: int, reader: str = READER, partition: int = 0) -> str:
 
 
 def rows(ids: list[str], offsets: list[int], status: list[str] | None = None
-         ) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array]:
+         ) -> ClaimInput:
+    """A claim pass's input batch; shards as the default ``settings`` (4) place the ids."""
     expires = now_ms() + 600_000
     return (pa.array(ids), pa.array([at(o) for o in offsets]),
             pa.array([expires] * len(ids), pa.int64()),
-            pa.array(status or ["ok"] * len(ids)))
+            pa.array(status or ["ok"] * len(ids)),
+            pa.array([KeySpace(shards=4).shard_of(i) for i in ids], pa.int64()))
 
 
 def store(redis_client: redis.Redis, key_prefix: str, *, shards: int = 4,
@@ -52,8 +54,7 @@ def store(redis_client: redis.Redis, key_prefix: str, *, shards: int = 4,
                       lease_ms=lease_ms)
 
 
-def claim(conf: ClaimSettings, *batches: tuple[pa.Array, pa.Array, pa.Array, pa.Array]
-          ) -> list[list[str]]:
+def claim(conf: ClaimSettings, *batches: ClaimInput) -> list[list[str]]:
     return [arr.to_pylist() for arr in claim_partition(conf, iter(batches))]
 
 
@@ -103,7 +104,7 @@ def test_claims_live_to_expiry_plus_grace_under_the_prefixs_own_max_ttl(
     message = new_message_id()
     expires = now_ms() + 60 * day
     out = claim(conf, (pa.array([message]), pa.array([at(0)]), pa.array([expires], pa.int64()),
-                       pa.array(["ok"])))
+                       pa.array(["ok"]), pa.array([KeySpace(shards=4).shard_of(message)])))
     assert out == [["new"]]
     key = KeySpace(prefix=key_prefix, shards=4).dedup(SCOPE, message)
     assert redis_client.pexpiretime(key) == expires + conf.grace_ms

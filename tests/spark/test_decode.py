@@ -7,6 +7,7 @@ import datetime as dt
 import io
 import json
 import time
+import uuid
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,9 @@ from eoguard.codec import MAGIC, EnvelopeCodec, PayloadCodec, SchemaRegistry, fi
 from eoguard.codec.schemas import default_schema_dir
 from eoguard.envelope import Envelope, now_ms
 from eoguard.store.dedup import parse_position, position
+from eoguard.store.keys import KeySpace
 from eoguard_spark.decode import RowStatus, decode
-from eoguard_spark.dedup import position_column
+from eoguard_spark.dedup import position_column, shard_column
 
 pytestmark = pytest.mark.spark
 
@@ -124,6 +126,22 @@ def test_payload_decodes_into_columns_with_its_schema(spark: SparkSession) -> No
     assert rows[1]["reason"] == f"payload schema null (raw bytes) is not {ORDER}"
     assert rows[2]["status"] == RowStatus.MALFORMED.value
     assert rows[2]["reason"] == f"corrupt payload: not a valid {ORDER}"
+
+
+@pytest.mark.parametrize("shards", [1, 4, 16, 1000])
+def test_shard_column_places_ids_as_the_keyspace_does(spark: SparkSession, shards: int) -> None:
+    """UUIDs, other ASCII, non-ASCII and characters outside the BMP: Spark's CRC-32 of the
+    UTF-8 bytes and ``zlib.crc32`` agree, and so do the two moduli (never negative)."""
+    ids = [str(uuid.uuid4()) for _ in range(200)] + ["", "x", "\u00fc-\U0001f600", "a|b{c}"]
+    df = spark.createDataFrame([(i,) for i in ids], "id string")
+
+    got = {r["id"]: r["shard"] for r in df.select("id", shard_column(shards).alias("shard"))
+           .collect()}
+
+    expected = {i: KeySpace(shards=shards).shard_of(i) for i in ids}
+    print(f"ids placed={len(got)} shards={shards} used={len(set(got.values()))}")
+    assert got == expected
+    assert len(set(got.values())) > min(shards - 1, 1)  # not one constant: the check can fail
 
 
 def test_position_column_spells_eoguards_position(spark: SparkSession) -> None:

@@ -297,7 +297,7 @@ class BatchProcessor:
                     frames.append(settled.drop("position", _DECODED))
                 dead.write(_dead_letters(functools.reduce(DataFrame.unionByName, frames),
                                          to_dead), batch_id)
-        return output.read(batch_id)
+        return output.read(batch_id, pending.schema)
 
     def _own_rows(self, df: DataFrame) -> DataFrame:
         """The rows this batch may have handled, when no Parquet sink keeps what it wrote:

@@ -24,7 +24,9 @@ from eoguard_spark.worker import IN_FLIGHT, ClaimSettings, freeze_loaded_objects
 
 __all__ = ["ClaimInput", "claim_partition"]
 
-ClaimInput = tuple[pa.Array, pa.Array, pa.Array, pa.Array]  # id, position, expires_at_ms, status
+ClaimInput = tuple[pa.Array, pa.Array, pa.Array, pa.Array, pa.Array]
+"""One input batch's columns: id, position, expires_at_ms, status, and the id's shard
+(:func:`eoguard_spark.dedup.shard_column`: Spark computes it, so no per-row hash here)."""
 
 _STATUS_OF = {
     ClaimResult.NEW: RowStatus.NEW.value,
@@ -54,21 +56,22 @@ class _Partition:
         self.token = settings.token
         self.client = client
         self.store = settings.store(client)
+        self.key_prefixes = self.store.key_prefixes
         self.pool = pool  # round trips in flight
         self.won: set[str] = set()  # a later copy of one of these is a duplicate
 
     def claim_batch(self, arrays: ClaimInput) -> pa.Array:
         """The status column of one input batch after claiming its ``ok`` rows."""
-        id_array, position_array, expires_array, status_array = arrays
+        id_array, position_array, expires_array, status_array, shard_array = arrays
         status: list[str] = status_array.to_pylist()
         todo = [i for i, row_status in enumerate(status) if row_status == _OK]
         if todo:
             self.claim_rows(status, todo, id_array.to_pylist(), position_array.to_pylist(),
-                            expires_array.to_pylist())
+                            expires_array.to_pylist(), shard_array.to_pylist())
         return pa.array(status, pa.string())
 
-    def claim_rows(self, status: list[str], todo: list[int], ids: list[str],
-                   positions: list[str], expires: list[int]) -> None:
+    def claim_rows(self, status: list[str], todo: list[int], ids: list[str],  # noqa: PLR0917
+                   positions: list[str], expires: list[int], shards: list[int]) -> None:
         """Set ``status[i]`` of the rows ``todo`` (all ``ok``) to their claim's outcome.
 
         Step 1. A copy of an id this partition won already is a duplicate, with no claim.
@@ -78,14 +81,17 @@ class _Partition:
         Step 4. Other BUSY claims are claimed again until ``busy_wait_ms`` (none in the
                 first pass, see :func:`eoguard_spark.dedup.resolve_busy`), else stay busy.
         """
-        won, store = self.won, self.store
+        won, prefixes = self.won, self.key_prefixes
         claims: list[Claim] = []
         rows: list[int] = []
         for i in todo:  # Step 1.
-            if ids[i] in won:
+            message_id = ids[i]
+            if message_id in won:
                 status[i] = _DUPLICATE
-            else:
-                claims.append(store.new_claim(ids[i], positions[i], expires[i]))
+            else:  # Claim, located (DedupStore.new_claim without its hash of the id)
+                shard = shards[i]
+                claims.append(Claim(message_id, positions[i], expires[i], shard,
+                                    prefixes[shard] + message_id))
                 rows.append(i)
         results, lease_ms = self._claim_round(claims)  # Step 2.
         if not self.settings.token_done and results.count(ClaimResult.NEW) == len(results):

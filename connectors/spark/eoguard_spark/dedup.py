@@ -28,12 +28,12 @@ from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql.pandas.functions import arrow_udf
 from pyspark.sql.types import LongType, StructField, StructType
 
-from eoguard_spark.claims import claim_partition
+from eoguard_spark.claims import ClaimInput, claim_partition
 from eoguard_spark.decode import RowStatus
 from eoguard_spark.worker import ClaimSettings, ack_partition
 
 __all__ = ["ACK_COUNTS_SCHEMA", "ClaimSettings", "ack_partitions", "batch_token", "claim_status",
-           "position_column", "resolve_busy"]
+           "position_column", "resolve_busy", "shard_column"]
 
 ArrowMap = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
@@ -64,9 +64,17 @@ def position_column(reader: str) -> Column:
                     F.lit("|"), F.col("offset").cast("string"))
 
 
+def shard_column(shards: int) -> Column:
+    """The shard of each row's id, computed by Spark: :meth:`eoguard.store.keys.KeySpace.shard_of`
+    (CRC-32 of the id's UTF-8 bytes, modulo ``shards``) spelled as a Column (a test pins the
+    two together), so the claim pass hashes no id in Python."""
+    return F.pmod(F.crc32(F.col("id").cast("binary")), F.lit(shards))
+
+
 def claim_status(settings: ClaimSettings) -> Column:
     """The ``status`` column after claiming: an Arrow UDF over ``(id, position,
-    expires_at_ms, status)``, so only those four columns travel to Python, never the payload.
+    expires_at_ms, status, shard)``, so only those five narrow columns travel to Python,
+    never the payload.
 
     Rows with status ``ok`` are claimed under ``settings.token`` and get the claim's outcome
     (``new``, ``mine``, ``done_here``, ``duplicate``, ``busy``, ``expired``, ``stale``: see
@@ -75,18 +83,18 @@ def claim_status(settings: ClaimSettings) -> Column:
     is held by this batch's token at another position (a copy elsewhere in the batch). Which
     copy wins is decided by Redis, so a replay re-owns the copy its earlier attempt claimed,
     however Spark partitions it. The UDF is non-deterministic, so Spark evaluates it once per
-    row; cache its result before reuse.
+    row; cache its result before reuse, or claim inside the pass that writes it.
     """
 
-    def claim(batches: Iterator[tuple[pa.Array, pa.Array, pa.Array, pa.Array]]
-              ) -> Iterator[pa.Array]:
+    def claim(batches: Iterator[ClaimInput]) -> Iterator[pa.Array]:
         yield from claim_partition(settings, batches)
 
     # pyspark's stubs want functionType= for iterator UDFs; the type hints of the function
     # already say SCALAR_ITER (what Spark recommends), hence the Any.
     make_udf: Any = arrow_udf
     udf = make_udf(claim, "string").asNondeterministic()
-    column: Column = udf(F.col("id"), F.col("position"), F.col("expires_at_ms"), F.col("status"))
+    column: Column = udf(F.col("id"), F.col("position"), F.col("expires_at_ms"), F.col("status"),
+                         shard_column(settings.key_shards))
     return column
 
 

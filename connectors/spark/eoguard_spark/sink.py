@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
 from eoguard.errors import ConfigError
 
@@ -142,12 +143,16 @@ class PendingBatch:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.written = False
+        self.schema: StructType | None = None  # the first frame's (the others have its columns)
+
+    @property
+    def written(self) -> bool:
+        return self.schema is not None
 
     def add(self, df: DataFrame) -> None:
         """Write ``df``'s rows into the batch, beside those of the frames added before."""
         df.write.mode("append" if self.written else "errorifexists").parquet(self.path)
-        self.written = True
+        self.schema = self.schema or df.schema
 
 
 class ParquetBatchSink:
@@ -167,9 +172,11 @@ class ParquetBatchSink:
         marker = self._fs.read_text(f"{self.batch_dir(batch_id)}/{COMMIT_MARKER}")
         return marker is not None and marker.strip() == self.query_id
 
-    def read(self, batch_id: int) -> DataFrame:
-        """The committed rows of batch ``batch_id``."""
-        return self.spark.read.parquet(self.batch_dir(batch_id))
+    def read(self, batch_id: int, schema: StructType | None = None) -> DataFrame:
+        """The committed rows of batch ``batch_id``; with their ``schema`` when the caller
+        knows it (it wrote them), so Spark need not read a file's footer to learn it."""
+        reader = self.spark.read if schema is None else self.spark.read.schema(schema)
+        return reader.parquet(self.batch_dir(batch_id))
 
     def write(self, df: DataFrame, batch_id: int) -> None:
         """Write batch ``batch_id`` and commit it; replaces a directory this query did not commit."""
