@@ -201,7 +201,10 @@ class Scripts:
             packed = _pack_evalsha(conn, calls)
             if self.wait is not None:  # on the same connection: WAIT counts its own writes
                 packed += conn.pack_commands([("WAIT", self.wait.replicas, self.wait.timeout_ms)])
-            conn.send_packed_command(packed)
+            # One buffer, one write: redis-py writes each item of a list with its own
+            # sendall, and Redis may then run the calls over several event-loop passes, each
+            # one with its own AOF fsync (``appendfsync always``).
+            conn.send_packed_command([b"".join(packed)])
         except BaseException as exc:
             conn.disconnect()
             pool.release(conn)
