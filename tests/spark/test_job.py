@@ -177,11 +177,13 @@ def test_expired_and_malformed_never_reach_the_output(spark, new_topic, kafka_bo
     assert {bytes(r["value"]) for r in dead if r["status"] == "malformed"} == set(malformed)
 
 
-@pytest.mark.parametrize("sink", ["parquet", "hook"])
+@pytest.mark.parametrize("sink", ["parquet", "parquet-unbounded", "hook"])
 def test_rows_expired_by_their_claim_are_dead_letters_with_a_reason(
         spark, new_topic, kafka_bootstrap, job_options, run_job, sink: str) -> None:
     """A row alive at the decode's clock may have expired by Redis's when it is claimed (a long
-    batch, a short TTL). ``transform`` plays that: it hands expired rows on as ``ok``."""
+    batch, a short TTL). ``transform`` plays that: it hands expired rows on as ``ok``. The
+    three variants take the three paths: one pass, and the cached path with and without a
+    Parquet sink."""
     topic = new_topic(2)
     good = [envelope(b"g%d" % i) for i in range(10)]
     late = [envelope(b"x%d" % i, ttl_ms=-5_000) for i in range(4)]
@@ -190,6 +192,8 @@ def test_rows_expired_by_their_claim_are_dead_letters_with_a_reason(
     hooked: list[str] = []
     if sink == "hook":
         options = replace(options, output_path=None)
+    elif sink == "parquet-unbounded":
+        options = replace(options, max_offsets_per_trigger=None)
 
     def revive(rows: DataFrame) -> DataFrame:
         expired = F.col("status") == "expired"

@@ -198,7 +198,7 @@ class BatchProcessor:
                 dead.write(_dead_letters(df, to_dead), batch_id)
             return output.read(batch_id)
 
-        if output is not None and self.options.dedup is DedupMode.REDIS:
+        if output is not None and self.options.dedup is DedupMode.REDIS and _bounded(self.options):
             return self._claim_into(output, df, batch_id, token=token, stats=stats, cached=cached)
 
         def keep(frame: DataFrame) -> DataFrame:
@@ -355,6 +355,18 @@ class BatchProcessor:
 
 _DECODED = "_decoded"  # the status the decode gave, beside the claim's
 _OUTCOMES = "_claim_outcomes"
+ONE_PASS_MAX_ROWS = 200_000
+"""The largest ``max_offsets_per_trigger`` the one-pass Redis mode is used with: the driver
+receives the positions of a batch's BUSY and late-expired rows, usually none, but all of them
+when, say, a replay long after its batch finds every row expired by Redis's clock, or another
+reader of the scope holds the whole batch. A bound on the batch bounds that list (~60 MB of
+Python rows at most); an unbounded batch takes the cached path, which settles them in place."""
+
+
+def _bounded(options: JobOptions) -> bool:
+    """Whether a micro-batch of ``options`` has at most :data:`ONE_PASS_MAX_ROWS` records."""
+    limit = options.max_offsets_per_trigger
+    return limit is not None and limit <= ONE_PASS_MAX_ROWS
 
 
 def _claim_outcomes() -> Column:
