@@ -31,7 +31,7 @@ class DemoOptions:
     messages: int = 10_000
     ttl_s: float = 600.0
     rate: float | None = None  # sends per second; None: spread the sends over ~3 s
-    kill_producer_at: float = 0.5  # SIGKILL the first producer at this share guaranteed
+    kill_producer_at: float = 0.5  # SIGKILL the first producer once it has sent this share
     kill_consumer_at: float = 0.3  # SIGKILL the first consumer at this share handled
     duplicate_every: int = 100  # every n-th guaranteed message is produced twice on purpose
     expired: int = 0  # envelopes whose TTL already passed; 0 = messages / 200, at least 5
