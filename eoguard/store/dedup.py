@@ -112,15 +112,19 @@ class DedupStore:
     def key(self, message_id: str) -> str:
         return self.keys.dedup(self.scope, message_id)
 
-    @property
-    def key_prefixes(self) -> tuple[str, ...]:
-        """Per shard, the prefix of this scope's claim keys: the key is it plus the id."""
-        return self._key_prefixes
-
     def new_claim(self, message_id: str, where: str, expires_at_ms: int) -> Claim:
         """A claim of this scope at position ``where``, its claim key located once."""
         shard = self.keys.shard_of(message_id)
         return Claim(message_id, where, expires_at_ms, shard, self._key_prefixes[shard] + message_id)
+
+    def located_claims(self, ids: Sequence[str], where: Sequence[str],
+                       expires_at_ms: Sequence[int], shards: Sequence[int]) -> list[Claim]:
+        """:meth:`new_claim` per row, for ids whose shards the caller computed already
+        (``KeySpace.shard_of``; Spark computes them in the JVM): no hash of the id here."""
+        prefixes = self._key_prefixes
+        return [Claim(message_id, at, expires, shard, prefixes[shard] + message_id)
+                for message_id, at, expires, shard
+                in zip(ids, where, expires_at_ms, shards, strict=True)]
 
     def effect_key(self, message_id: str, name: str) -> str:
         """An effect key in the hash slot of ``message_id``'s claim key (see KeySpace.effect)."""

@@ -68,6 +68,17 @@ def test_absent_is_new_one_key_per_message_and_one_record_per_shard(
     assert keys_under(redis_client, key_prefix) == {c.key for c in claims} | {k for _, k in records}
 
 
+def test_located_claims_are_new_claims_with_the_shards_given(store: DedupStore) -> None:
+    ids = [new_message_id() for _ in range(50)]
+    where = [position("g", "orders", i % 3, i) for i in range(50)]
+    expires = [now_ms() + 60_000 + i for i in range(50)]
+    shards = [store.keys.shard_of(message_id) for message_id in ids]
+    assert store.located_claims(ids, where, expires, shards) == [
+        store.new_claim(*row) for row in zip(ids, where, expires, strict=True)]
+    with pytest.raises(ValueError, match="zip"):  # columns of unequal length
+        store.located_claims(ids, where[:-1], expires, shards)
+
+
 def test_same_position_open_batch_is_mine_rewritten_under_the_new_token(
         store: DedupStore, redis_client: redis.Redis) -> None:
     first, second = store.new_token(), store.new_token()

@@ -30,7 +30,7 @@ def job_options(kafka_bootstrap: str, redis_url: str, key_prefix: str, tmp_path:
             "dead_letter_path": str(tmp_path / "dead"), "redis_url": redis_url,
             "key_prefix": key_prefix, "available_now": True, "busy_wait_s": 2.0,
             "lease_s": 60.0, "grace_s": 60.0,
-            # bounded batches: the Redis mode's one-pass path (batch.ONE_PASS_MAX_ROWS)
+            # bounded batches: the Redis mode's one-pass path (one_pass.ONE_PASS_MAX_ROWS)
             "max_offsets_per_trigger": 10_000,
             "input_limits": InputLimits(clock_skew_ms=60_000),  # within grace_s
         }

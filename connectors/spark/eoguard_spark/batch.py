@@ -1,25 +1,25 @@
 """One micro-batch of the job (``foreachBatch``): claims, sinks, ledger, done mark, acks.
 
 :class:`BatchProcessor` is the function Spark calls per micro-batch; its docstring lists the
-steps. :class:`BatchStats` is what each batch reports to ``on_batch``.
+steps. The Redis mode's one pass over a batch is :mod:`eoguard_spark.one_pass`, the steps all
+paths share are in :mod:`eoguard_spark.frames`, and :class:`BatchStats` (what each batch
+reports to ``on_batch``) in :mod:`eoguard_spark.stats`.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import replace
 
-from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
 from eoguard.envelope import now_ms
 from eoguard.store.dedup import BatchState, DedupStore
-from eoguard_spark.decode import DEAD_LETTER_COLUMNS, OUTPUT_COLUMNS, RowStatus
+from eoguard_spark.decode import OUTPUT_COLUMNS, RowStatus
 from eoguard_spark.dedup import (
     ACK_COUNTS_SCHEMA,
     ClaimSettings,
@@ -29,50 +29,18 @@ from eoguard_spark.dedup import (
     position_column,
     resolve_busy,
 )
+from eoguard_spark.frames import dead_letters, dead_letters_due, keep, status_counts
 from eoguard_spark.lease import BatchLease
+from eoguard_spark.one_pass import bounded, claim_into
 from eoguard_spark.options import DedupMode, JobOptions
 from eoguard_spark.sink import BatchLedger, ParquetBatchSink, query_id_of, resolve_reader
+from eoguard_spark.stats import BatchStats
 
 __all__ = ["BatchProcessor", "BatchStats", "ForeachBatch"]
 
 log = logging.getLogger(__name__)
 
 ForeachBatch = Callable[[DataFrame, int], None]
-
-
-@dataclass(slots=True)
-class BatchStats:
-    """What one micro-batch did. ``replayed``: its sinks had committed before a crash.
-
-    The ``records_*`` counts are the batch's records (one per shard it claimed on) as the done
-    mark found them: open (``records_done``: marked done now), done already (a replay whose
-    done mark had landed), and open but past their lease by this host's clock
-    (``records_lapsed``, counted in ``records_done`` too: claims of them may have been taken
-    over by another reader, which then handles those messages too).
-    """
-
-    batch_id: int
-    rows: dict[str, int] = field(default_factory=dict)  # RowStatus value -> count
-    records_done: int = 0
-    records_already_done: int = 0
-    records_lapsed: int = 0
-    lease_renewals: int = 0  # renewals of the batch's records by the driver while it ran
-    acked: int = 0  # senders' outbox records acknowledged
-    replayed: bool = False
-    duration_s: float = 0.0
-    phases_s: dict[str, float] = field(default_factory=dict)  # classify, sinks, hook, done, ack
-
-    @property
-    def written(self) -> int:
-        return sum(self.rows.get(s, 0) for s in RowStatus.to_output())
-
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        started = time.monotonic()
-        try:
-            yield
-        finally:
-            self.phases_s[name] = round(time.monotonic() - started, 3)
 
 
 class BatchProcessor:
@@ -90,7 +58,7 @@ class BatchProcessor:
             its DONE_HERE rows are kept and rows it did not take the first time are left out
             (``stale``, ``busy``), so it writes what the first run wrote. The claim UDF must
             not run twice over a row: with a Parquet sink it runs inside the sink's write
-            (one pass decodes, claims, counts and writes; see :meth:`_claim_into`), without
+            (one pass decodes, claims, counts and writes; see :mod:`eoguard_spark.one_pass`), without
             one the claimed rows are cached and counted by status. From here to the done
             mark the driver renews the batch's records every ``lease_s / 3``
             (:class:`eoguard_spark.lease.BatchLease`), so a slow batch keeps its claims.
@@ -195,109 +163,55 @@ class BatchProcessor:
         if output is not None and output.committed(batch_id):
             stats.replayed = True
             if dead is not None and not dead.committed(batch_id):  # a crash between the two
-                dead.write(_dead_letters(df, to_dead), batch_id)
+                dead.write(dead_letters(df, to_dead), batch_id)
             return output.read(batch_id)
 
-        if output is not None and self.options.dedup is DedupMode.REDIS and _bounded(self.options):
-            return self._claim_into(output, df, batch_id, token=token, stats=stats, cached=cached)
-
-        def keep(frame: DataFrame) -> DataFrame:
-            return _keep(frame, stats, cached)
+        redis_mode = self.options.dedup is DedupMode.REDIS
+        settings = replace(self.settings, token=token,
+                           token_done=redis_mode and self._is_done(token))
+        if output is not None and redis_mode and bounded(self.options):
+            return claim_into(output, dead, df, settings=settings, reader=self.reader(),
+                              to_dead=to_dead, stats=stats, cached=cached)
 
         columns = list(OUTPUT_COLUMNS)
         with stats.phase("classify"):
-            if self.options.dedup is DedupMode.REDIS:  # Step 2, without a Parquet sink.
-                settings = replace(self.settings, token=token, token_done=self._is_done(token))
-                first_pass = replace(settings, busy_wait_ms=0)
+            if redis_mode:  # Step 2, without a Parquet sink or with unbounded batches.
                 positioned = df.withColumn("position", position_column(self.reader()))
                 # The claim UDF is not deterministic: its rows are cached, never computed twice.
-                classified = keep(positioned.withColumn("status", claim_status(first_pass)))
+                classified = keep(positioned.withColumn(
+                    "status", claim_status(replace(settings, busy_wait_ms=0))), stats, cached)
                 # A replay of a done batch waits on nothing: what it did not take the first
                 # time it leaves out.
                 if stats.rows.get(RowStatus.BUSY.value) and not settings.token_done:
                     del stats.rows[RowStatus.BUSY.value]
                     # Only the few settled rows are cached again, not the whole batch.
-                    settled = keep(resolve_busy(classified, settings))
+                    settled = keep(resolve_busy(classified, settings), stats, cached)
                     classified = (classified.filter(status != RowStatus.BUSY.value)
                                   .unionByName(settled))
                 columns.append("position")
             elif output is None or self.options.dedup is DedupMode.WATERMARK:
                 # The hook reads the rows (decode them once); or a state store update, which
                 # the dead letters' pass would run again.
-                classified = keep(df)
+                classified = keep(df, stats, cached)
             else:  # decoded once, by the Parquet sink's pass (which counts them too)
                 classified = df
         with stats.phase("sinks"):  # Step 3.
             counted = bool(cached)  # by keep()
             observation = Observation()
             observed = classified if counted else classified.observe(observation,
-                                                                     *_status_counts())
+                                                                     *status_counts())
             accepted = classified.filter(status.isin(*RowStatus.to_output())).select(*columns)
             if output is not None:
                 output.write(observed.filter(status.isin(*RowStatus.to_output()))
                              .select(*columns), batch_id)
             if not counted:
                 stats.rows = {name: int(n) for name, n in observation.get.items() if n}
-            # Most batches have no dead letters: then no pass looks for them.
-            if dead is not None and any(stats.rows.get(s) for s in to_dead) \
-                    and not dead.committed(batch_id):
-                dead.write(_dead_letters(classified, to_dead), batch_id)
+        if dead is not None and dead_letters_due(dead, stats, to_dead):
+            with stats.phase("dead letters"):
+                dead.write(dead_letters(classified, to_dead), batch_id)
         if output is not None and not cached and self.foreach_batch is not None:
             return output.read(batch_id)  # the hook reads the Parquet files: no second decode
         return accepted
-
-    def _claim_into(self, output: ParquetBatchSink, df: DataFrame, batch_id: int, *,
-                    token: str, stats: BatchStats, cached: list[DataFrame]) -> DataFrame:
-        """Steps 2 and 3 in Redis mode with a Parquet sink: the claim UDF runs inside the
-        sink's write, so the batch is decoded and claimed in one pass and nothing is cached.
-
-        The pass claims without waiting and observes, beside the counts, where the few rows
-        the claims decided against the decode are: BUSY rows, and rows that expired by
-        Redis's clock between the decode and the claim. BUSY rows are then claimed again
-        with the bounded wait (only those rows, read again from the batch), and those taken
-        over join the batch's files before its commit. Returns the rows the sink holds.
-        """
-        to_dead = RowStatus.to_dead_letter(expired=self.options.dead_letter_expired)
-        to_output = RowStatus.to_output()
-        status = F.col("status")
-        columns = [*OUTPUT_COLUMNS, "position"]
-        settings = replace(self.settings, token=token, token_done=self._is_done(token))
-        positioned = (df.withColumn("position", position_column(self.reader()))
-                      .withColumn(_DECODED, status))
-        claimed = positioned.withColumn("status", claim_status(replace(settings, busy_wait_ms=0)))
-        observation = Observation()
-        observed = claimed.observe(observation, *_status_counts(), _claim_outcomes())
-        settled: DataFrame | None = None
-        with stats.phase("sinks"), output.batch(batch_id) as pending:
-            pending.add(observed.filter(status.isin(*to_output)).select(*columns))
-            counts = observation.get
-            outcomes = counts.pop(_OUTCOMES) or []
-            stats.rows = {name: int(n) for name, n in counts.items() if n}
-            busy = [row for row in outcomes if row["status"] == RowStatus.BUSY.value]
-            # A replay of a done batch waits on nothing: what it did not take the first time
-            # it leaves out.
-            if busy and not settings.token_done:
-                with stats.phase("settle"):
-                    del stats.rows[RowStatus.BUSY.value]
-                    again = _rows_at(positioned, busy).withColumn("status",
-                                                                  F.lit(RowStatus.OK.value))
-                    settled = _keep(again.withColumn("status", claim_status(settings)),
-                                    stats, cached)
-                    pending.add(settled.filter(status.isin(*to_output)).select(*columns))
-        dead = self.sinks()[1]
-        if dead is not None and any(stats.rows.get(s) for s in to_dead) \
-                and not dead.committed(batch_id):
-            with stats.phase("dead letters"):
-                frames = [df]  # rows the decode sent to the dead letters
-                late = [row for row in outcomes if row["status"] == RowStatus.EXPIRED.value]
-                if late:
-                    frames.append(_rows_at(df, late).withColumn(
-                        "status", F.lit(RowStatus.EXPIRED.value)).withColumn("reason", F.lit(None)))
-                if settled is not None:
-                    frames.append(settled.drop("position", _DECODED))
-                dead.write(_dead_letters(functools.reduce(DataFrame.unionByName, frames),
-                                         to_dead), batch_id)
-        return output.read(batch_id, pending.schema)
 
     def _own_rows(self, df: DataFrame) -> DataFrame:
         """The rows this batch may have handled, when no Parquet sink keeps what it wrote:
@@ -351,69 +265,3 @@ class BatchProcessor:
         # One row of counts per partition comes back (never the rows themselves).
         for part in rows.mapInArrow(ack_partitions(self.settings), ACK_COUNTS_SCHEMA).collect():
             stats.acked += int(part["acked"])
-
-
-_DECODED = "_decoded"  # the status the decode gave, beside the claim's
-_OUTCOMES = "_claim_outcomes"
-ONE_PASS_MAX_ROWS = 200_000
-"""The largest ``max_offsets_per_trigger`` the one-pass Redis mode is used with: the driver
-receives the positions of a batch's BUSY and late-expired rows, usually none, but all of them
-when, say, a replay long after its batch finds every row expired by Redis's clock, or another
-reader of the scope holds the whole batch. A bound on the batch bounds that list (~60 MB of
-Python rows at most); an unbounded batch takes the cached path, which settles them in place."""
-
-
-def _bounded(options: JobOptions) -> bool:
-    """Whether a micro-batch of ``options`` has at most :data:`ONE_PASS_MAX_ROWS` records."""
-    limit = options.max_offsets_per_trigger
-    return limit is not None and limit <= ONE_PASS_MAX_ROWS
-
-
-def _claim_outcomes() -> Column:
-    """An aggregate for ``DataFrame.observe``: where the rows are whose claim left them out
-    for a reason the decode did not see (BUSY; expired by Redis's clock), with that status.
-    Few in a batch, usually none: the driver reads them back (:func:`_rows_at`)."""
-    status = F.col("status")
-    late = (status == RowStatus.EXPIRED.value) & (F.col(_DECODED) == RowStatus.OK.value)
-    return F.collect_list(F.when((status == RowStatus.BUSY.value) | late, F.struct(
-        "topic", "partition", "offset", "status"))).alias(_OUTCOMES)
-
-
-def _rows_at(frame: DataFrame, where: Sequence[Row]) -> DataFrame:
-    """The rows of ``frame`` at the positions (topic, partition, offset) ``where`` names."""
-    at = frame.sparkSession.createDataFrame(
-        [(row["topic"], row["partition"], row["offset"]) for row in where],
-        "topic string, partition int, offset long")
-    return frame.join(F.broadcast(at), ["topic", "partition", "offset"], "left_semi")
-
-
-def _keep(frame: DataFrame, stats: BatchStats, cached: list[DataFrame]) -> DataFrame:
-    """Cache ``frame`` (later steps read it twice or more; added to ``cached``) and count it by
-    status into ``stats.rows``, in one pass without a shuffle."""
-    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
-    cached.append(frame)
-    observation = Observation()
-    frame.observe(observation, *_status_counts()).write.format("noop").mode("overwrite").save()
-    for name, count in observation.get.items():
-        if count:
-            stats.rows[name] = stats.rows.get(name, 0) + int(count)
-    return frame
-
-
-def _dead_letters(frame: DataFrame, to_dead: Sequence[str]) -> DataFrame:
-    """The dead-letter rows of ``frame``. A row that expired after the decode (its claim
-    found it expired by Redis's clock) has no reason yet: it gets one saying so."""
-    status = F.col("status")
-    late = F.concat(F.lit("expired at "),
-                    F.date_format("expires_at", "yyyy-MM-dd'T'HH:mm:ss.SSSXXX"),
-                    F.lit(" (found when claimed, by Redis's clock)"))
-    return (frame.filter(status.isin(*to_dead))
-            .withColumn("reason", F.coalesce(
-                F.col("reason"), F.when(status == RowStatus.EXPIRED.value, late)))
-            .select(*DEAD_LETTER_COLUMNS))
-
-
-def _status_counts() -> list[Column]:
-    """Aggregates for ``DataFrame.observe``: the rows of each :class:`RowStatus`."""
-    status = F.col("status")
-    return [F.count(F.when(status == s.value, True)).alias(s.value) for s in RowStatus]

@@ -56,7 +56,6 @@ class _Partition:
         self.token = settings.token
         self.client = client
         self.store = settings.store(client)
-        self.key_prefixes = self.store.key_prefixes
         self.pool = pool  # round trips in flight
         self.won: set[str] = set()  # a later copy of one of these is a duplicate
 
@@ -81,18 +80,15 @@ class _Partition:
         Step 4. Other BUSY claims are claimed again until ``busy_wait_ms`` (none in the
                 first pass, see :func:`eoguard_spark.dedup.resolve_busy`), else stay busy.
         """
-        won, prefixes = self.won, self.key_prefixes
-        claims: list[Claim] = []
+        won = self.won
         rows: list[int] = []
         for i in todo:  # Step 1.
-            message_id = ids[i]
-            if message_id in won:
+            if ids[i] in won:
                 status[i] = _DUPLICATE
-            else:  # Claim, located (DedupStore.new_claim without its hash of the id)
-                shard = shards[i]
-                claims.append(Claim(message_id, positions[i], expires[i], shard,
-                                    prefixes[shard] + message_id))
+            else:
                 rows.append(i)
+        claims = self.store.located_claims([ids[i] for i in rows], [positions[i] for i in rows],
+                                           [expires[i] for i in rows], [shards[i] for i in rows])
         results, lease_ms = self._claim_round(claims)  # Step 2.
         if not self.settings.token_done and results.count(ClaimResult.NEW) == len(results):
             won.update(claim.message_id for claim in claims)  # the common case: all new
