@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import time
 
 from bench import table
 
@@ -26,10 +27,19 @@ def main(argv: list[str]) -> int:
     unknown = [s for s in args.suites if s not in SUITES]
     if unknown:
         parser.error(f"unknown suite(s) {unknown}; choose from {list(SUITES)}")
-    for name in args.suites or SUITES:
+    suites = args.suites or SUITES
+    started = time.monotonic()
+    took: list[str] = []
+    for name in suites:
         print(f"\n=== bench {name} ===", flush=True)
-        sys.argv = [f"bench.bench_{name}"]  # each suite parses its own options: defaults here
+        suite_started = time.monotonic()
+        # Each suite parses its own options: defaults here, but the consumer suite's trickle
+        # latency run is left out when the latency suite (which has that point) runs too.
+        extra = ["--latency-s", "0"] if name == "consumer" and "latency" in suites else []
+        sys.argv = [f"bench.bench_{name}", *extra]
         importlib.import_module(f"bench.bench_{name}").main()
+        took.append(f"{name} {time.monotonic() - suite_started:.0f} s")
+    print(f"\nran in {time.monotonic() - started:.0f} s ({', '.join(took)})")
     info = table.machine()
     print()
     table.render(table.ROWS, info)

@@ -1,7 +1,8 @@
 """Consumer throughput and latency against the local stack (a benchmark, not a test).
 
     python -m bench.bench_consumer [--messages 100000] [--partitions 4] [--batch 1000]
-                                   [--rounds 3] [--rate 50] [--latency-s 10] [--redis-url URL]
+                                   [--rounds 3] [--set-nx-messages 10000] [--rate 50]
+                                   [--latency-s 10] [--redis-url URL]
 
 Pre-produces ~200-byte envelopes once, then reads them all four ways, each in a fresh group:
 
@@ -11,7 +12,7 @@ Pre-produces ~200-byte envelopes once, then reads them all four ways, each in a 
   (a') the same loop decoding with eoguard's codec (the baseline of earlier figures);
   (b)  GuardedConsumer with a no-op handler (batch claim, done, commit);
   (c)  the per-message dedup of common idempotency utilities: loop (a) plus one Redis
-       ``SET NX PX`` round trip per message.
+       ``SET NX PX`` round trip per message, over the first ``--set-nx-messages`` records.
 
 Then latency at a trickle: ``--rate`` messages per second for ``--latency-s`` seconds, send ->
 handler, for a plain ``poll()`` loop and for GuardedConsumer, with the same
@@ -256,6 +257,9 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--set-nx-messages", type=int, default=10_000,
+                        help="messages (c) reads: one round trip each, so its rate is steady "
+                        "after a few thousand, and 100,000 would take minutes a round")
     parser.add_argument("--rate", type=float, default=50.0, help="messages/s of the latency run")
     parser.add_argument("--latency-s", type=float, default=10.0)
     parser.add_argument("--fetch-wait-ms", type=int, default=100,
@@ -275,6 +279,7 @@ def main() -> None:
                                           for _ in range(total)))
 
     client = redis.Redis.from_url(ends.redis_url)
+    set_nx_total = min(total, args.set_nx_messages)
 
     def set_nx_loop() -> float:
         # A fresh prefix per run: in a repeat, SET NX on the keys of the run before would
@@ -286,7 +291,7 @@ def main() -> None:
                        px=3_600_000)
 
         try:
-            return plain_loop(ends.kafka_bootstrap, topic, total, args.batch, set_nx)
+            return plain_loop(ends.kafka_bootstrap, topic, set_nx_total, args.batch, set_nx)
         finally:
             forget(ends.redis_url, f"{prefix}:*")
 
@@ -299,13 +304,15 @@ def main() -> None:
             ends.kafka_bootstrap, ends.redis_url, topic, total, args.batch)),
         "(c)": ("(a) + SET NX per message", set_nx_loop),
     }
+    counts = {key: set_nx_total if key == "(c)" else total for key in runs}
     rates: dict[str, list[float]] = {key: [] for key in runs}
     for round_no in range(args.rounds):
         print(f"round {round_no + 1} of {args.rounds}")
         for key, (name, run) in runs.items():
             elapsed = run()
-            rates[key].append(total / elapsed)
-            print(f"  {key:5s}{name:40s} {total / elapsed:>10,.0f} msg/s   ({elapsed:.2f} s)")
+            rates[key].append(counts[key] / elapsed)
+            print(f"  {key:5s}{name:40s} {counts[key] / elapsed:>10,.0f} msg/s   "
+                  f"({elapsed:.2f} s)")
     client.close()
     print(f"\n{total} messages, batch {args.batch}, {args.partitions} partitions, "
           f"{args.rounds} interleaved rounds (msg/s):")
@@ -315,7 +322,7 @@ def main() -> None:
     for key, (name, _) in runs.items():
         table.add(table.Row(suite="consumer", path=f"{key} {name}", rates=rates[key],
                             baseline=None if key == "(a)" else "(a) " + runs["(a)"][0],
-                            note=f"{total} msgs, batch {args.batch}"))
+                            note=f"{counts[key]} msgs, batch {args.batch}"))
     med = {key: statistics.median(values) for key, values in rates.items()}
     low = {key: min(values) for key, values in rates.items()}
     print(f"(b)/(a)  median {med['(b)'] / med['(a)']:.2f}  min {low['(b)'] / low['(a)']:.2f}"

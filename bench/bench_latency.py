@@ -5,8 +5,9 @@
 An open-loop schedule: message k is due at ``start + k / rate`` and its latency is measured
 from that due time (a sender that falls behind adds its lag, as a real load would), to the
 moment the handler sees it, in a consumer process of its own. Three pipelines, each at a
-trickle of 50 msg/s and at 20% and 60% of the callback baseline's maximum rate (``--max-rate``,
-else measured first with ``bench.bench_producer``'s callback baseline):
+trickle of 50 msg/s and at 20% and 60% of the callback baseline's maximum rate (``--max-rate``;
+else the producer suite's median when ``python -m bench`` ran it first, else the median of three
+runs of ``bench.bench_producer``'s callback baseline):
 
   plain           confluent-kafka producer (idempotent, acks=all, per-message callback,
                   fastavro envelope) -> confluent-kafka ``poll()`` loop (auto-commit, as a
@@ -179,6 +180,19 @@ class RedisStalls:
             self.client.close()
 
 
+def callback_max_rate(bootstrap: str) -> float:
+    """The callback baseline's msg/s: the producer suite's median when it ran in this process
+    (``python -m bench``), else the median of three runs here. One run is too noisy a base:
+    on a shared machine it moves by a third, and every load point moves with it."""
+    measured = next((row.median for row in table.ROWS
+                     if row.suite == "producer" and row.path == "baseline, callback"), None)
+    if measured is not None:
+        return measured
+    topic = make_topic(bootstrap, 4)
+    return statistics.median(30_000 / baseline(bootstrap, topic, 30_000, b"x" * 200,
+                                               callback=True)[0] for _ in range(3))
+
+
 def summary(lat: list[float]) -> str:
     def at(q: float) -> float:
         return lat[min(len(lat) - 1, int(len(lat) * q))]
@@ -197,11 +211,7 @@ def main() -> None:
     args = parser.parse_args()
     ends, _ = LocalStack().up()
     redis_url = args.redis_url or ends.redis_url
-    max_rate = args.max_rate
-    if max_rate is None:
-        elapsed, _ = baseline(ends.kafka_bootstrap, make_topic(ends.kafka_bootstrap, 4), 30_000,
-                              b"x" * 200, callback=True)
-        max_rate = 30_000 / elapsed
+    max_rate = args.max_rate or callback_max_rate(ends.kafka_bootstrap)
     rates = [("trickle", 50.0), ("20%", 0.2 * max_rate), ("60%", 0.6 * max_rate)]
     print(f"callback baseline max {max_rate:,.0f} msg/s; {args.seconds:.0f} s per point; "
           f"{args.rounds} interleaved rounds; consumers {FETCH}; producers {KAFKA}")
