@@ -162,8 +162,23 @@ class Outbox:
         return self.write(owner="", keep_until=keep_until, resend_after_ms=0, published=ids)[1]
 
     def ack_calls(self, ids: Iterable[str]) -> list[ScriptCall]:
-        """The script calls of :meth:`ack`, for a caller that pipelines them with its own."""
-        return self._per_shard_calls("outbox_ack", ids)
+        """The script calls of :meth:`ack`, for a caller that pipelines them with its own: one
+        call for every shard on a single node (a consumer acks with each done mark, so a call
+        per shard was up to 16 script runs a round trip), one per shard on a cluster."""
+        groups = self._by_shard(ids)
+        chunks = [{s: m} for s, m in groups.items()] if self.per_shard else [groups] if groups else []
+        calls = []
+        for chunk in chunks:
+            keys: list[str] = []
+            ordered: list[str] = []
+            for shard, members in chunk.items():
+                prefix = self._record_prefix(shard, members[0])
+                keys.append(self.keys.outbox_index(shard))
+                keys += [prefix + m for m in members]
+                ordered += members
+            calls.append(ScriptCall("outbox_ack", keys,
+                                    [len(chunk), *(len(m) for m in chunk.values()), *ordered]))
+        return calls
 
     def ack(self, ids: Iterable[str]) -> int:
         """The consumer's end-to-end ack: delete the records; returns how many existed."""

@@ -188,6 +188,24 @@ def test_ack_of_a_pending_record_removes_it_from_the_index(outbox: Outbox) -> No
     assert left == sorted(r.id for r in recs[3:])
 
 
+@pytest.mark.cluster
+def test_ack_takes_every_shard_in_one_call_on_a_single_node(outbox: Outbox,
+                                                             redis_client: redis.Redis) -> None:
+    recs = [record() for _ in range(4_500)]  # over 1,000 ids a shard: the script's slices
+    put(outbox, recs)
+    acked, kept = [r.id for r in recs[:4_400]], [r.id for r in recs[4_400:]]
+    calls = outbox.ack_calls(acked)
+    shards = {outbox.keys.shard_of(i) for i in acked}
+    assert len(calls) == (len(shards) if outbox.per_shard else 1)
+    assert max(len(outbox._by_shard(acked)[s]) for s in shards) > 1_000
+    assert outbox.ack(acked) == 4_400
+    assert outbox.ack(acked) == 0  # idempotent
+    left = sorted(i for ids in outbox.pending_ids().values() for i in ids)
+    assert left == sorted(kept)
+    assert all(outbox.get(i) is None for i in acked[::97])
+    assert all(outbox.get(i) is not None for i in kept)
+
+
 def claim(outbox: Outbox, claimer: str, live: list[str], *, live_read_at_ms: int | None = None,
           resend_after_ms: int = 60_000):
     return outbox.claim_for_resend(claimer=claimer, live_owners=live,
