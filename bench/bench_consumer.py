@@ -104,6 +104,8 @@ def plain_loop(bootstrap: str, topic: str, total: int, batch: int,
                 if per_message is not None:
                     per_message(env)
                 seen += 1
+                if seen == total:  # the topic may hold more (loop (c) reads a part of it)
+                    break
             if msgs:
                 consumer.commit(asynchronous=True)
         elapsed = time.perf_counter() - started

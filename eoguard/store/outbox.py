@@ -10,8 +10,9 @@ layout is in :mod:`eoguard.store.outbox_types`.
 Every operation is a Lua script (``eoguard/store/lua/outbox_*.lua``). A producer's writes
 and publish marks (``outbox_write.lua``) cover every shard of a batch in one script call (one
 AOF fsync per batch), except on Redis Cluster, where a script's keys must share a slot:
-there a batch sends one call per shard, pipelined in one round trip. The consumer's acks,
-claims and sweeps send one call per shard.
+there a batch sends one call per shard, pipelined in one round trip. The consumer's acks
+do the same (one call, or one per shard on a cluster); resend claims and sweeps send one call
+per shard.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ before its commit; the late-expired ones go to the dead letters with a reason.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -74,6 +75,8 @@ def claim_into(output: ParquetBatchSink, dead: ParquetBatchSink | None, df: Data
                 again = _rows_at(positioned, busy).withColumn("status", F.lit(RowStatus.OK.value))
                 settled = keep(again.withColumn("status", claim_status(settings)), stats, cached)
                 pending.add(settled.filter(status.isin(*to_output)).select(*columns))
+        committing = time.monotonic()  # leaving output.batch() commits the batch's files
+    stats.phases_s["commit"] = round(time.monotonic() - committing, 3)
     if dead is not None and dead_letters_due(dead, stats, to_dead):
         with stats.phase("dead letters"):
             frames = [df]  # rows the decode sent to the dead letters

@@ -32,7 +32,7 @@ class BatchStats:
     acked: int = 0  # senders' outbox records acknowledged
     replayed: bool = False
     duration_s: float = 0.0
-    # classify, sinks, settle, dead letters, hook, done, ack: one after the other
+    # classify, sinks, settle, commit, dead letters, hook, done, ack: one after the other
     phases_s: dict[str, float] = field(default_factory=dict)
 
     @property
