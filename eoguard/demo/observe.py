@@ -31,6 +31,19 @@ class LedgerView:
     max_seq: int = -1
     _offset: int = 0
 
+    @property
+    def sent_ids(self) -> set[str]:
+        """Every id sent. A send's "S" line follows ``send()``'s return, and a persist-first
+        message can be guaranteed (or fail) before that, its line written by a callback: a
+        SIGKILL in between leaves a sent message with only that line."""
+        return self.sent.keys() | self.guaranteed | self.failed.keys()
+
+    @property
+    def next_seq(self) -> int:
+        """The order after the last one sent (sends are one at a time: at most the last one
+        lacks its "S" line)."""
+        return self.max_seq + 1 + (1 if len(self.sent_ids) > len(self.sent) else 0)
+
     def poll(self) -> LedgerView:
         """Read the complete lines appended since the last poll."""
         if not self.path.exists():

@@ -170,7 +170,7 @@ class Demo:
             while not producers_done and time.monotonic() < deadline:
                 time.sleep(0.1)
                 guaranteed = sum(len(v.poll().guaranteed) for v in ledgers)
-                if p1.alive() and not p1.killed and ledgers[0].max_seq + 1 >= o.messages * o.kill_producer_at:
+                if p1.alive() and not p1.killed and ledgers[0].next_seq >= o.messages * o.kill_producer_at:
                     self._kill_p1(ends, p1, ledgers, guaranteed)
                 handled = observe.handled_total(client, self.keys, self.names.scope)
                 self.progress("guaranteed", guaranteed, o.messages)
@@ -196,11 +196,7 @@ class Demo:
         """SIGKILL p1 once it has sent its share (some of it unguaranteed); p2 sends the rest."""
         p1.kill()
         self.report.producer_killed_after = guaranteed
-        view = ledgers[0].poll()
-        # Sends are one at a time, and a send's "sent" line follows send()'s return: the kill
-        # may have left the last send guaranteed (or failed) with no such line. It was sent.
-        unlogged = (view.guaranteed | view.failed.keys()) - view.sent.keys()
-        rest = view.max_seq + 1 + (1 if unlogged else 0)
+        rest = ledgers[0].poll().next_seq
         self.event(f"SIGKILLed producer p1 after {guaranteed:,} guaranteed; p2 sends "
                    f"orders {rest:,}.. and recovers p1's outbox records")
         self._producer(ends, "p2", rest, self.options.messages - rest, "delayed")
@@ -257,11 +253,7 @@ class Demo:
                   spark_on: bool) -> None:
         report, n = self.report, self.names
         report.failed = sum(len(v.failed) for v in ledgers)
-        # A send's own ledger line follows send()'s return, and a persist-first message can be
-        # guaranteed (its line written by the callback) before that: a kill in between leaves
-        # a guaranteed message with no "sent" line. It was sent all the same.
-        report.sent = len(set().union(*(v.sent.keys() | v.guaranteed | v.failed.keys()
-                                        for v in ledgers)))
+        report.sent = len(set().union(*(v.sent_ids for v in ledgers)))
         report.guaranteed = len(guaranteed)
         report.duplicates_injected = sum(len(v.duplicated) for v in ledgers)
         p2 = observe.read_stats(self.run_dir.stats("p2")) or {}
