@@ -42,14 +42,16 @@ def job_options(kafka_bootstrap: str, redis_url: str, key_prefix: str, tmp_path:
 
 @pytest.fixture
 def run_job(spark: SparkSession) -> Callable[..., list[Any]]:
-    """Run the job with ``available_now`` to the end; returns each batch's BatchStats."""
-    from eoguard_spark import build_query  # noqa: PLC0415
+    """Run the job with ``available_now`` to the end, and its last background outbox
+    acknowledgement; returns each batch's BatchStats."""
+    from eoguard_spark import build_query, wait_for_acks  # noqa: PLC0415
 
     def run(options: JobOptions, **kwargs: Any) -> list[Any]:
         stats: list[Any] = []
         query = build_query(spark, options, on_batch=stats.append, **kwargs)
         try:
             assert query.awaitTermination(300), "the job did not finish within 300 s"
+            wait_for_acks(query, 60)
         finally:
             query.stop()
         assert query.exception() is None, query.exception()

@@ -5,8 +5,9 @@ Importing this package needs pyspark and pyarrow (``pip install ./connectors/spa
 ``eoguard`` package itself never imports them.
 """
 
+from eoguard_spark.acks import wait_for_acks
 from eoguard_spark.job import BatchProcessor, BatchStats, build_query, local_session, run
 from eoguard_spark.options import DedupMode, JobOptions
 
 __all__ = ["BatchProcessor", "BatchStats", "DedupMode", "JobOptions", "build_query",
-           "local_session", "run"]
+           "local_session", "run", "wait_for_acks"]

@@ -129,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # pyspark is imported only now, so --help and option errors need no JVM.
     from pyspark.sql import SparkSession  # noqa: PLC0415
 
+    from eoguard_spark.acks import wait_for_acks  # noqa: PLC0415
     from eoguard_spark.job import BatchStats, build_query, local_session  # noqa: PLC0415
 
     if os.environ.get("PYSPARK_GATEWAY_PORT"):  # under spark-submit: its master, its jars
@@ -148,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     query.awaitTermination()
+    wait_for_acks(query)  # the last batch's outbox acknowledgement runs in the background
     return 0
 
 

@@ -19,6 +19,7 @@ from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
 from eoguard.envelope import now_ms
 from eoguard.store.dedup import BatchState, DedupStore
+from eoguard_spark.acks import AckQueue
 from eoguard_spark.decode import OUTPUT_COLUMNS, RowStatus
 from eoguard_spark.dedup import (
     ACK_COUNTS_SCHEMA,
@@ -72,7 +73,9 @@ class BatchProcessor:
     Step 5. Redis mode: mark the batch's records done from the driver, one script call (per
             shard on Redis Cluster); only now can duplicates elsewhere in the scope be dropped
             for good. Then, unless ``ack_outbox`` is off, acknowledge the senders' outbox
-            records of the rows the sinks hold on the executors (one task per core).
+            records of the rows the sinks hold on the executors (one task per core): with a
+            Parquet sink in the background, from the committed files, while the next batch
+            runs (:mod:`eoguard_spark.acks`).
     """
 
     def __init__(self, spark: SparkSession, options: JobOptions, *,
@@ -89,6 +92,7 @@ class BatchProcessor:
         self._query_id: str | None = None
         self._dedup: DedupStore | None = None
         self._renewer: DedupStore | None = None
+        self._acks: AckQueue | None = None  # background passes (with a Parquet sink)
 
     def reader(self) -> str:
         """This query's reader in its claim positions (recorded in the checkpoint; stable)."""
@@ -144,8 +148,7 @@ class BatchProcessor:
             if lease is not None:
                 stats.lease_renewals = lease.renewals
             if redis_mode and self.options.ack_outbox:
-                with stats.phase("ack"):
-                    self._ack(held, stats)
+                self._acknowledge(batch_id, held, stats)
         finally:
             for frame in cached:
                 frame.unpersist()
@@ -257,11 +260,33 @@ class BatchProcessor:
                         "scope may have taken claims over", stats.batch_id,
                         stats.records_lapsed, self.options.lease_s)
 
-    def _ack(self, held: DataFrame, stats: BatchStats) -> None:
-        """Acknowledge the senders' outbox records of the rows the sinks hold."""
+    def _acknowledge(self, batch_id: int, held: DataFrame, stats: BatchStats) -> None:
+        """Step 5's acknowledgement. With a Parquet sink it reads the committed files in the
+        background, while the next batch runs (:mod:`eoguard_spark.acks`); without one it
+        reads ``held`` here: those rows come from this batch's source and cache, which only
+        this call may read."""
+        output = self.sinks()[0]
+        if output is None:
+            with stats.phase("ack"):
+                stats.acked = self._ack(held)
+            return
+        stats.ack_deferred = True
+        if self._acks is None:  # the first batch since the start: a crash may have cut the
+            self._acks = AckQueue(self.query_id())  # pass of the batch before it short
+            if batch_id > 0 and output.committed(batch_id - 1):
+                self._acks.submit(batch_id - 1, self._ack_committed(output, batch_id - 1))
+        with stats.phase("ack wait"):  # for the pass before this batch's, if still running
+            self._acks.submit(batch_id, self._ack_committed(output, batch_id))
+
+    def _ack_committed(self, output: ParquetBatchSink, batch_id: int) -> Callable[[], int]:
+        """The acknowledgement pass over the files ``output`` committed for ``batch_id``."""
+        return lambda: self._ack(output.read(batch_id))
+
+    def _ack(self, held: DataFrame) -> int:
+        """Acknowledge the senders' outbox records of the rows the sinks hold; how many."""
         # One task per core: a Python task has a fixed cost (its Python runner, a Redis
         # connection), and this pass is cheap per row.
         rows = held.select("id").coalesce(self.spark.sparkContext.defaultParallelism)
         # One row of counts per partition comes back (never the rows themselves).
-        for part in rows.mapInArrow(ack_partitions(self.settings), ACK_COUNTS_SCHEMA).collect():
-            stats.acked += int(part["acked"])
+        parts = rows.mapInArrow(ack_partitions(self.settings), ACK_COUNTS_SCHEMA).collect()
+        return sum(int(part["acked"]) for part in parts)

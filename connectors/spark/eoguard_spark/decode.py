@@ -298,9 +298,11 @@ def fence(df: DataFrame) -> DataFrame:
 
 CLOCK_BOUNDARY = "eoguard_decoded"
 """The name of the observation that ends the decode's clock-free stage (see clock_boundary)."""
+CLOCKED_BOUNDARY = "eoguard_clocked"
+"""The name of the observation that ends the stage that reads the clock."""
 
 
-def clock_boundary(df: DataFrame) -> DataFrame:
+def clock_boundary(df: DataFrame, name: str = CLOCK_BOUNDARY) -> DataFrame:
     """``df`` with a whole-stage codegen boundary on top: an observation (``CollectMetrics``,
     for which Spark generates no code) counting its rows.
 
@@ -308,10 +310,13 @@ def clock_boundary(df: DataFrame) -> DataFrame:
     literal after optimization, and a long literal is written into the generated Java code.
     A stage that reads the clock is thus new code every micro-batch: compiled again, and
     JIT-compiled again from the interpreter up (that took more CPU than the decode itself).
-    Everything below the boundary is the same code every batch, compiled once per query;
-    only the small stage above it changes.
+    So the decode puts one boundary below the expressions that read the clock and one
+    (``name``) above them: the stages below (the ``from_avro`` calls) and above (the output
+    projection, the job's filters and the sink's writer) are the same code every batch,
+    compiled once per query; only the small stage between them changes. (Its literal cannot
+    be kept out of the code: Spark turns the batch's clock into one after optimizing.)
     """
-    return df.observe(CLOCK_BOUNDARY, F.count(F.lit(1)).alias("rows"))
+    return df.observe(name, F.count(F.lit(1)).alias("rows"))
 
 
 def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | None = None,
@@ -324,8 +329,8 @@ def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | No
     ``value`` (the raw record) is kept only on rows that are not ``ok``, for dead letters.
     ``max_ttl_ms`` (the key prefix's) and ``limits`` bound what a record may claim (Step 3).
     Each ``from_avro`` runs once per row, the generated code stays in methods the JVM
-    compiles (see :func:`fence`), and only a small last stage reads the micro-batch's clock
-    (see :func:`clock_boundary`).
+    compiles (see :func:`fence`), and only a small stage reads the micro-batch's clock (see
+    :func:`clock_boundary`).
     """
     limits = InputLimits() if limits is None else limits
     value = F.col("value")
@@ -365,6 +370,7 @@ def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | No
         .when(expires_ms <= now_ms, F.lit(RowStatus.EXPIRED.value))
         .otherwise(F.lit(RowStatus.OK.value)),
     )
+    rows = clock_boundary(rows, CLOCKED_BOUNDARY)  # the stage that reads the clock ends
     status = F.col("status")
     valid = status != RowStatus.MALFORMED.value  # times in range, the id a UUID
     expires_at = F.when(valid, F.timestamp_millis(expires_ms))

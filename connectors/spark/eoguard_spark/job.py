@@ -22,6 +22,7 @@ from eoguard.errors import ConfigError
 from eoguard.stack import spark_jars
 from eoguard.store.client import connect
 from eoguard.store.layout import check_layout
+from eoguard_spark.acks import wait_for_acks
 from eoguard_spark.batch import BatchProcessor, BatchStats, ForeachBatch
 from eoguard_spark.decode import RowStatus, decode
 from eoguard_spark.options import DedupMode, JobOptions
@@ -80,7 +81,9 @@ def build_query(spark: SparkSession, options: JobOptions, *,
     drops is not claimed). ``foreach_batch(rows, batch_id)`` is a user sink called once per
     batch after the Parquet sink; it must replace per ``batch_id`` (a replayed batch calls it
     again with the same rows unless every sink had committed). ``on_batch`` gets each
-    batch's :class:`BatchStats`.
+    batch's :class:`BatchStats`. With a Parquet sink the Redis mode acknowledges the senders'
+    outbox records of a batch in the background: :func:`eoguard_spark.acks.wait_for_acks`
+    waits for the last batch's.
     """
     if options.output_path is None and foreach_batch is None:
         raise ConfigError("the job needs a sink: output_path and/or a foreach_batch hook")
@@ -152,3 +155,4 @@ def run(options: JobOptions, *, spark: SparkSession | None = None,
     session = spark or local_session()
     query = build_query(session, options, foreach_batch=foreach_batch, on_batch=on_batch)
     query.awaitTermination()
+    wait_for_acks(query)  # the last batch's acknowledgement pass, in the background

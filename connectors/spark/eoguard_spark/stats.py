@@ -29,10 +29,12 @@ class BatchStats:
     records_already_done: int = 0
     records_lapsed: int = 0
     lease_renewals: int = 0  # renewals of the batch's records by the driver while it ran
-    acked: int = 0  # senders' outbox records acknowledged
+    acked: int = 0  # senders' outbox records acknowledged (0 when ack_deferred)
+    ack_deferred: bool = False  # acknowledged in the background (eoguard_spark.acks): logged
     replayed: bool = False
     duration_s: float = 0.0
-    # classify, sinks, settle, commit, dead letters, hook, done, ack: one after the other
+    # classify, sinks, settle, commit, dead letters, hook, done, ack (or ack wait: for the
+    # previous batch's background pass): one after the other
     phases_s: dict[str, float] = field(default_factory=dict)
 
     @property
