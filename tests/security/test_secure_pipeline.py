@@ -57,7 +57,7 @@ def _consume(stack: SecureStack, topic: str, prefix: str) -> tuple[list[str], st
 
 def _spark_job(spark: SparkSession, stack: SecureStack, topic: str, prefix: str,
                tmp_path: Path) -> tuple[int, list[str]]:
-    from eoguard_spark import JobOptions, build_query  # noqa: PLC0415 - Spark tests only
+    from eoguard_spark import JobOptions, build_query, wait_for_acks  # noqa: PLC0415
     from eoguard_spark.worker import ClaimSettings  # noqa: PLC0415
 
     options = JobOptions(
@@ -76,6 +76,7 @@ def _spark_job(spark: SparkSession, stack: SecureStack, topic: str, prefix: str,
     query = build_query(spark, options)
     try:
         assert query.awaitTermination(240), "the Spark job did not finish within 240 s"
+        wait_for_acks(query, 60)  # its tasks log in to Redis too: inside the greps' window
     finally:
         query.stop()
     assert query.exception() is None, query.exception()

@@ -30,7 +30,14 @@ from pyspark.sql import functions as F  # noqa: N812
 
 from eoguard.codec import InputLimits
 from eoguard.store.dedup import DedupStore
-from eoguard_spark import BatchStats, DedupMode, JobOptions, build_query, local_session
+from eoguard_spark import (
+    BatchStats,
+    DedupMode,
+    JobOptions,
+    build_query,
+    local_session,
+    wait_for_acks,
+)
 
 
 def pause_at(where: str, batch_id: int) -> None:
@@ -99,6 +106,7 @@ def main() -> None:
     transform = failing_transform(options) if os.environ.get("EOG_FAIL_TASKS") == "1" else None
     query = build_query(spark, options, foreach_batch=hook, transform=transform, on_batch=report)
     query.awaitTermination()
+    wait_for_acks(query)
     executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1  # the driver's
     print(f"EXECUTORS {executors}", flush=True)
     print("FINISHED", flush=True)

@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 import redis
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
 
 from eoguard.envelope import Envelope, now_ms
 from eoguard.modes import KeepUntil
 from eoguard.stack.feed import envelope, produce
 from eoguard.store.outbox import Outbox, OutboxRecord
-from eoguard_spark import JobOptions
+from eoguard_spark import BatchProcessor, JobOptions, build_query, wait_for_acks
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -77,3 +79,28 @@ def test_a_start_acknowledges_the_batch_before_it_once_more(
     assert [s.batch_id for s in stats] == [1]
     assert left(outbox, first) == []
     assert left(outbox, second) == []
+
+
+def test_a_failed_pass_fails_the_next_batch(
+        spark: SparkSession, new_topic: Callable[..., str], kafka_bootstrap: str,
+        job_options: Callable[..., JobOptions], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass runs after its batch's commit: its error fails the batch after it, as an inline
+    pass would have failed its own (so Spark never commits a batch past a failed pass)."""
+    topic = new_topic(1)
+    produce(kafka_bootstrap, topic, [envelope(b"f%d" % i) for i in range(8)])
+    options = job_options([topic], max_offsets_per_trigger=5)
+
+    def broken(_self: BatchProcessor, _held: DataFrame) -> int:
+        raise RuntimeError("injected acknowledgement failure")
+
+    monkeypatch.setattr(BatchProcessor, "_ack", broken)
+    stats: list[Any] = []
+    query = build_query(spark, options, on_batch=stats.append)
+    try:
+        with pytest.raises(StreamingQueryException, match="injected acknowledgement failure"):
+            query.awaitTermination(300)
+    finally:
+        query.stop()
+    print(f"batches reported={[s.batch_id for s in stats]}")
+    assert [s.batch_id for s in stats] == [0]  # batch 1 failed at its pass's submit
+    assert wait_for_acks(query) is None  # the error was raised once, by batch 1

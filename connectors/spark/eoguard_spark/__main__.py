@@ -148,8 +148,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SecurityError as exc:  # a refused login, an untrusted certificate: one line
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    query.awaitTermination()
-    wait_for_acks(query)  # the last batch's outbox acknowledgement runs in the background
+    try:
+        query.awaitTermination()
+    finally:
+        wait_for_acks(query)  # the last batch's outbox acknowledgement runs in the background
     return 0
 
 

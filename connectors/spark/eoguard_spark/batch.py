@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
+from pyspark.sql.types import StringType, StructField, StructType
 
 from eoguard.envelope import now_ms
 from eoguard.store.dedup import BatchState, DedupStore
@@ -42,6 +43,9 @@ __all__ = ["BatchProcessor", "BatchStats", "ForeachBatch"]
 log = logging.getLogger(__name__)
 
 ForeachBatch = Callable[[DataFrame, int], None]
+
+ID_ONLY = StructType([StructField("id", StringType())])
+"""What the acknowledgement pass reads of a committed batch."""
 
 
 class BatchProcessor:
@@ -279,8 +283,9 @@ class BatchProcessor:
             self._acks.submit(batch_id, self._ack_committed(output, batch_id))
 
     def _ack_committed(self, output: ParquetBatchSink, batch_id: int) -> Callable[[], int]:
-        """The acknowledgement pass over the files ``output`` committed for ``batch_id``."""
-        return lambda: self._ack(output.read(batch_id))
+        """The acknowledgement pass over the files ``output`` committed for ``batch_id`` (their
+        ``id`` column alone: given as the schema, no file footer is read for it)."""
+        return lambda: self._ack(output.read(batch_id, ID_ONLY))
 
     def _ack(self, held: DataFrame) -> int:
         """Acknowledge the senders' outbox records of the rows the sinks hold; how many."""

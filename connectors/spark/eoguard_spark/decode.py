@@ -312,7 +312,8 @@ def clock_boundary(df: DataFrame, name: str = CLOCK_BOUNDARY) -> DataFrame:
     JIT-compiled again from the interpreter up (that took more CPU than the decode itself).
     So the decode puts one boundary below the expressions that read the clock and one
     (``name``) above them: the stages below (the ``from_avro`` calls) and above (the output
-    projection, the job's filters and the sink's writer) are the same code every batch,
+    projection, the job's filters and the sink's writer; unless something above reads the
+    clock too, as the watermark mode does) are the same code every batch,
     compiled once per query; only the small stage between them changes. (Its literal cannot
     be kept out of the code: Spark turns the batch's clock into one after optimizing.)
     """

@@ -154,5 +154,7 @@ def run(options: JobOptions, *, spark: SparkSession | None = None,
     """Run the job until it stops (``available_now``: once everything available is done)."""
     session = spark or local_session()
     query = build_query(session, options, foreach_batch=foreach_batch, on_batch=on_batch)
-    query.awaitTermination()
-    wait_for_acks(query)  # the last batch's acknowledgement pass, in the background
+    try:
+        query.awaitTermination()
+    finally:
+        wait_for_acks(query)  # the last batch's acknowledgement pass, in the background
