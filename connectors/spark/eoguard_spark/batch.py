@@ -135,6 +135,7 @@ class BatchProcessor:
         # Redis mode: the driver renews the batch's claims until its done mark has landed.
         lease = BatchLease(self._lease_store(), token, lease_ms=self.settings.lease_ms) \
             if redis_mode else None
+        held: DataFrame | None  # the rows the sinks hold, if anything reads them
         try:
             with lease or nullcontext():
                 if self.ledger.has(batch_id):  # Step 1.
@@ -142,7 +143,7 @@ class BatchProcessor:
                     held = output.read(batch_id) if output else self._own_rows(df)
                 else:
                     held = self._write(df, batch_id, token, stats, cached)
-                    if self.foreach_batch is not None:  # Step 4.
+                    if self.foreach_batch is not None and held is not None:  # Step 4.
                         with stats.phase("hook"):
                             self.foreach_batch(held, batch_id)
                     self.ledger.put(batch_id)
@@ -162,8 +163,10 @@ class BatchProcessor:
             self.on_batch(stats)
 
     def _write(self, df: DataFrame, batch_id: int, token: str, stats: BatchStats,
-               cached: list[DataFrame]) -> DataFrame:
-        """Steps 2 and 3: returns the rows the sinks hold; adds cached frames to ``cached``."""
+               cached: list[DataFrame]) -> DataFrame | None:
+        """Steps 2 and 3: returns the rows the sinks hold (None after the one pass when no hook
+        reads them: the acknowledgement reads the committed files itself); adds cached frames
+        to ``cached``."""
         output, dead = self.sinks()
         to_dead = RowStatus.to_dead_letter(expired=self.options.dead_letter_expired)
         status = F.col("status")
@@ -177,8 +180,10 @@ class BatchProcessor:
         settings = replace(self.settings, token=token,
                            token_done=redis_mode and self._is_done(token))
         if output is not None and redis_mode and bounded(self.options):
-            return claim_into(output, dead, df, settings=settings, reader=self.reader(),
-                              to_dead=to_dead, stats=stats, cached=cached)
+            schema = claim_into(output, dead, df, settings=settings, reader=self.reader(),
+                                to_dead=to_dead, stats=stats, cached=cached)
+            # Reading the batch back lists its files: only for a hook.
+            return output.read(batch_id, schema) if self.foreach_batch is not None else None
 
         columns = list(OUTPUT_COLUMNS)
         with stats.phase("classify"):
@@ -264,13 +269,14 @@ class BatchProcessor:
                         "scope may have taken claims over", stats.batch_id,
                         stats.records_lapsed, self.options.lease_s)
 
-    def _acknowledge(self, batch_id: int, held: DataFrame, stats: BatchStats) -> None:
+    def _acknowledge(self, batch_id: int, held: DataFrame | None, stats: BatchStats) -> None:
         """Step 5's acknowledgement. With a Parquet sink it reads the committed files in the
         background, while the next batch runs (:mod:`eoguard_spark.acks`); without one it
         reads ``held`` here: those rows come from this batch's source and cache, which only
         this call may read."""
         output = self.sinks()[0]
         if output is None:
+            assert held is not None, "only the one pass, which needs a Parquet sink, keeps none"
             with stats.phase("ack"):
                 stats.acked = self._ack(held)
             return

@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from pyspark.sql import Column, DataFrame, Observation, Row
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
+from pyspark.sql.types import StructType
 
 from eoguard_spark.decode import OUTPUT_COLUMNS, RowStatus
 from eoguard_spark.dedup import ClaimSettings, claim_status, position_column
@@ -47,10 +48,11 @@ def bounded(options: JobOptions) -> bool:
 
 def claim_into(output: ParquetBatchSink, dead: ParquetBatchSink | None, df: DataFrame, *,
                settings: ClaimSettings, reader: str, to_dead: Sequence[str], stats: BatchStats,
-               cached: list[DataFrame]) -> DataFrame:
+               cached: list[DataFrame]) -> StructType:
     """Claim the decoded batch ``df`` under ``settings.token`` as it is written to ``output``
-    (and its dead letters to ``dead``); returns the rows the sink holds. ``settings`` says
-    whether the batch's done mark landed before (a replay: then nothing is waited on)."""
+    (and its dead letters to ``dead``); returns the schema of the rows the sink holds.
+    ``settings`` says whether the batch's done mark landed before (a replay: then nothing is
+    waited on)."""
     to_output = RowStatus.to_output()
     status = F.col("status")
     columns = [*OUTPUT_COLUMNS, "position"]
@@ -88,7 +90,8 @@ def claim_into(output: ParquetBatchSink, dead: ParquetBatchSink | None, df: Data
                 frames.append(settled.drop("position", _DECODED))
             dead.write(dead_letters(functools.reduce(DataFrame.unionByName, frames), to_dead),
                        stats.batch_id)
-    return output.read(stats.batch_id, pending.schema)
+    assert pending.schema is not None, "the first add() above sets it"
+    return pending.schema
 
 
 def _claim_outcomes() -> Column:

@@ -42,6 +42,10 @@ log = logging.getLogger(__name__)
 COMMIT_MARKER = "_EOGUARD_COMMITTED"
 TMP_DIR = "_eoguard_tmp"
 READER_FILE = "eoguard/reader"
+UNIQUE_COLUMNS = ("id", "position")
+"""Columns with a new value on nearly every row: Parquet's dictionary encoding of them hashes
+every value only to fall back to plain encoding (the dictionary is no smaller), so the sink
+writes them plain from the start. Same files, less CPU."""
 
 
 class HadoopFs:
@@ -151,7 +155,10 @@ class PendingBatch:
 
     def add(self, df: DataFrame) -> None:
         """Write ``df``'s rows into the batch, beside those of the frames added before."""
-        df.write.mode("append" if self.written else "errorifexists").parquet(self.path)
+        plain = {f"parquet.enable.dictionary#{name}": "false"
+                 for name in UNIQUE_COLUMNS if name in df.columns}
+        df.write.options(**plain).mode("append" if self.written else "errorifexists") \
+            .parquet(self.path)
         self.schema = self.schema or df.schema
 
 
