@@ -143,7 +143,8 @@ class BatchProcessor:
                     held = output.read(batch_id) if output else self._own_rows(df)
                 else:
                     held = self._write(df, batch_id, token, stats, cached)
-                    if self.foreach_batch is not None and held is not None:  # Step 4.
+                    if self.foreach_batch is not None:  # Step 4.
+                        assert held is not None, "_write reads the rows back for a hook"
                         with stats.phase("hook"):
                             self.foreach_batch(held, batch_id)
                     self.ledger.put(batch_id)

@@ -44,8 +44,9 @@ TMP_DIR = "_eoguard_tmp"
 READER_FILE = "eoguard/reader"
 UNIQUE_COLUMNS = ("id", "position")
 """Columns with a new value on nearly every row: Parquet's dictionary encoding of them hashes
-every value only to fall back to plain encoding (the dictionary is no smaller), so the sink
-writes them plain from the start. Same files, less CPU."""
+every value, then falls back to plain encoding at the first page (the dictionary is no
+smaller), so the sink writes them plain from the start: the same files, less CPU. (Where ids
+do repeat, as in the dead letters of a resent message, the files differ and read the same.)"""
 
 
 class HadoopFs:
