@@ -81,10 +81,16 @@ class Demo:
 
     def _consumer(self, ends: Endpoints, name: str) -> Worker:
         n = self.names
+        # c1 stops at its kill point and waits there for the SIGKILL (_maybe_kill_consumer).
+        pause = ["--pause-after", str(self._consumer_kill_point())] if name == "c1" else []
         return self._spawn(name, ["-m", "eoguard.demo.worker", "consumer", *self._common(ends, name),
                                   "--scope", n.scope, "--group", n.group,
                                   "--instance", f"{n.group}-member",
-                                  "--dead-letter-topic", n.dead_letter_topic])
+                                  "--dead-letter-topic", n.dead_letter_topic, *pause])
+
+    def _consumer_kill_point(self) -> int:
+        """How many handled messages c1 is SIGKILLed at (at least one)."""
+        return max(1, int(self.options.messages * self.options.kill_consumer_at))
 
     def _spark(self, ends: Endpoints) -> Worker:
         spark = self.run_dir.spark
@@ -211,7 +217,7 @@ class Demo:
 
     def _maybe_kill_consumer(self, ends: Endpoints, handled: int) -> None:
         c1 = self.workers["c1"]
-        if c1.alive() and not c1.killed and handled >= self.options.messages * self.options.kill_consumer_at:
+        if c1.alive() and not c1.killed and handled >= self._consumer_kill_point():
             c1.kill()
             self.report.consumer_killed_after = handled
             self.event(f"SIGKILLed consumer c1 after {handled:,} handled; c2 takes over")

@@ -16,7 +16,9 @@ written to Redis, Redis writes avoided, and the adaptive delay (ms).
 consumer: a GuardedConsumer in one scope with a Redis-transactional handler: it counts each
 handling in a hash (``HINCRBY handled <id> 1``) inside the done mark's script, so the count is
 exactly the number of committed handlings; a handling after ``expires_at`` counts in ``late``.
-It writes its ``stats()`` every few hundred ms and on SIGTERM.
+It writes its ``stats()`` every few hundred ms and on SIGTERM. With ``--pause-after N`` it stops
+polling once it has handled N messages (its done marks landed), so the demo's SIGKILL finds it
+there: a consumer that reads ahead can otherwise handle the whole topic between two looks.
 """
 
 from __future__ import annotations
@@ -228,6 +230,10 @@ def run_consumer(args: argparse.Namespace) -> int:
     stats_path = Path(args.stats)
     last = 0.0
     while not stop.is_set():
+        if args.pause_after and consumer.stats().handled >= args.pause_after:
+            _write_json(stats_path, asdict(consumer.stats()))  # then wait for the SIGKILL
+            stop.wait(0.1)
+            continue
         try:
             consumer.poll_once()
         except ConsumerFencedError as exc:  # fenced: this client is dead; a new one takes over
@@ -278,6 +284,8 @@ def parser() -> argparse.ArgumentParser:
     cons.add_argument("--instance", required=True)
     cons.add_argument("--dead-letter-topic", required=True)
     cons.add_argument("--lease-s", type=float, default=5.0)
+    cons.add_argument("--pause-after", type=int, default=0,
+                      help="stop polling once this many messages are handled (0: never)")
     cons.add_argument("--grace-s", type=float, default=300.0,
                       help="dedup keys live until expires_at plus this")
     return p
