@@ -164,25 +164,31 @@ def test_delayed_mode_with_a_healthy_broker_rarely_writes_redis(kafka_bootstrap,
     cfg = make_config(kafka_bootstrap, redis_url, key_prefix, mode="delayed",
                       delay_min_ms=50, delay_max_ms=2000)
     rec = Recorder()
-    n = 20_000
+    n, burst = 20_000, 2000
+    written: list[int] = []  # Redis writes seen after each burst (the delay's, so they lag)
     with GuardedProducer(cfg, on_guaranteed=rec.on_guaranteed) as producer:
         handles = []
         for i in range(n):
             handles.append(producer.send(topic, b"p" * 200, key=str(i % 16)))
-            if i % 2000 == 1999:
+            if i % burst == burst - 1:
                 time.sleep(0.05)  # a steady stream rather than one burst
+                written.append(producer.stats().persisted - sum(written))
         assert producer.flush(30) == 0
         stats = producer.stats()
+    written[-1] += stats.persisted - sum(written)
     fraction = stats.persisted / n
+    quiet = sum(1 for w in written if w <= burst * 0.05)
     print(f"\ndelayed mode, healthy broker: {stats.persisted} of {n} messages written to Redis "
-          f"({fraction:.2%}); writes avoided {stats.redis_writes_avoided}; "
-          f"delay {stats.current_delay_ms:.0f} ms; ack p50/p99 "
+          f"({fraction:.2%}), per burst of {burst} {written}; writes avoided "
+          f"{stats.redis_writes_avoided}; delay {stats.current_delay_ms:.0f} ms; ack p50/p99 "
           f"{stats.ack_latency_p50_ms:.1f}/{stats.ack_latency_p99_ms:.1f} ms")
-    # "Rarely": the delay is 2x the ack p99, so only acks slower than that are written. On
-    # the three-node topology of a 2-core machine, one broker hiccup of a few hundred ms
-    # (seen in CI: ack p99 145 ms, delay 214 ms, 6.2% written) costs up to one 2000-message
-    # burst; a mode that wrote every message would be at 100%.
-    assert fraction <= 0.10
+    # "Rarely": the delay is 2x the ack p99, so only acks slower than that are written. On a
+    # 2-core machine a broker hiccup of a few hundred ms (seen in CI on the three-node
+    # topology: 6.2% and 10.7% of a run written, each time about one burst) makes the
+    # messages of the bursts it covers go to Redis. So most bursts write (almost) nothing,
+    # and a hiccup costs a few; a mode that wrote every message would write 100% of each.
+    assert quiet >= 7, written
+    assert fraction <= 0.30
     assert stats.redis_writes_avoided + stats.persisted == n
     assert set(rec.guaranteed) == {h.id for h in handles}
     assert set(rec.guaranteed.values()) == {1}
