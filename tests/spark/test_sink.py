@@ -17,7 +17,7 @@ def test_unique_columns_are_written_without_a_dictionary(spark: SparkSession, tm
                                                          ) -> None:
     """``id`` and ``position`` skip the dictionary encoding, other columns keep it, and every
     row reads back. Here all three columns repeat ten values, so Parquet would give each a
-    dictionary (with unique values it drops it at the end of the page: same files, more CPU)."""
+    dictionary (with unique values it drops it at the first page: same files, more CPU)."""
     rows = [(f"id-{i % 10}", f"5:spark|3:top|0|{i % 10}", f"top-{i % 10}") for i in range(5000)]
     df = spark.createDataFrame(rows, "id string, position string, topic string").coalesce(1)
     sink = ParquetBatchSink(spark, str(tmp_path), query_id="q")
