@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,8 @@ from eoguard.modes import KeepUntil
 from eoguard.stack.feed import envelope, produce
 from eoguard.store.outbox import Outbox, OutboxRecord
 from eoguard_spark import BatchProcessor, JobOptions, build_query, wait_for_acks
+from eoguard_spark import batch as batch_module
+from eoguard_spark.sink import ParquetBatchSink
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -36,22 +39,52 @@ def left(outbox: Outbox, sent: list[Envelope]) -> list[str]:
     return [e.id for e in sent if outbox.get(e.id) is not None]
 
 
+def passes_on(where: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Run the job's background passes on the driver (the output is on its filesystem, as in
+    every test here) or, as with HDFS or S3, on the executors; returns a list that gets one
+    entry per pass, naming where it ran."""
+    ran: list[str] = []
+    if where == "driver":
+        real_files = batch_module.ack_files
+
+        def on_driver(settings: Any, directory: str) -> int:
+            assert Path(directory).is_dir(), directory  # the committed batch, on this machine
+            ran.append("driver")
+            return real_files(settings, directory)
+
+        monkeypatch.setattr(batch_module, "ack_files", on_driver)
+    else:
+        real_ack = BatchProcessor._ack
+
+        def on_executors(self: BatchProcessor, held: DataFrame) -> int:
+            ran.append("executors")
+            return real_ack(self, held)
+
+        monkeypatch.setattr(ParquetBatchSink, "local_dir", lambda _self, _batch_id: None)
+        monkeypatch.setattr(BatchProcessor, "_ack", on_executors)
+    return ran
+
+
+@pytest.mark.parametrize("where", ["driver", "executors"])
 def test_every_batchs_outbox_records_are_acknowledged_in_the_background(
-        new_topic: Callable[..., str], kafka_bootstrap: str, job_options: Callable[..., JobOptions],
-        run_job: Callable[..., list[Any]], redis_client: redis.Redis) -> None:
+        where: str, new_topic: Callable[..., str], kafka_bootstrap: str,
+        job_options: Callable[..., JobOptions], run_job: Callable[..., list[Any]],
+        redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     topic = new_topic(2)
     sent = [envelope(b"m%d" % i) for i in range(25)]
     options = job_options([topic], max_offsets_per_trigger=10)
     outbox = in_outbox(redis_client, options, sent)
     produce(kafka_bootstrap, topic, sent)
+    ran = passes_on(where, monkeypatch)
 
     stats = run_job(options)  # waits for the last batch's pass
 
     remaining = left(outbox, sent)
-    print(f"batches={len(stats)} deferred={[s.ack_deferred for s in stats]} "
+    print(f"batches={len(stats)} deferred={[s.ack_deferred for s in stats]} passes={ran} "
           f"outbox records left={len(remaining)} of {len(sent)}")
     assert len(stats) == 3
     assert all(s.ack_deferred for s in stats)
+    assert ran == [where] * 3
     assert remaining == []
 
 
@@ -81,8 +114,9 @@ def test_a_start_acknowledges_the_batch_before_it_once_more(
     assert left(outbox, second) == []
 
 
+@pytest.mark.parametrize("where", ["driver", "executors"])
 def test_a_failed_pass_fails_the_next_batch(
-        spark: SparkSession, new_topic: Callable[..., str], kafka_bootstrap: str,
+        where: str, spark: SparkSession, new_topic: Callable[..., str], kafka_bootstrap: str,
         job_options: Callable[..., JobOptions], monkeypatch: pytest.MonkeyPatch) -> None:
     """The pass runs after its batch's commit: its error fails the batch after it, as an inline
     pass would have failed its own (so Spark never commits a batch past a failed pass)."""
@@ -90,10 +124,14 @@ def test_a_failed_pass_fails_the_next_batch(
     produce(kafka_bootstrap, topic, [envelope(b"f%d" % i) for i in range(8)])
     options = job_options([topic], max_offsets_per_trigger=5)
 
-    def broken(_self: BatchProcessor, _held: DataFrame) -> int:
+    def broken(*_args: Any) -> int:
         raise RuntimeError("injected acknowledgement failure")
 
-    monkeypatch.setattr(BatchProcessor, "_ack", broken)
+    if where == "driver":
+        monkeypatch.setattr(batch_module, "ack_files", broken)
+    else:
+        monkeypatch.setattr(ParquetBatchSink, "local_dir", lambda _self, _batch_id: None)
+        monkeypatch.setattr(BatchProcessor, "_ack", broken)
     stats: list[Any] = []
     query = build_query(spark, options, on_batch=stats.append)
     try:

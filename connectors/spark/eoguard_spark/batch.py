@@ -8,6 +8,7 @@ reports to ``on_batch``) in :mod:`eoguard_spark.stats`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from eoguard_spark.one_pass import bounded, claim_into
 from eoguard_spark.options import DedupMode, JobOptions
 from eoguard_spark.sink import BatchLedger, ParquetBatchSink, query_id_of, resolve_reader
 from eoguard_spark.stats import BatchStats
+from eoguard_spark.worker import ack_files
 
 __all__ = ["BatchProcessor", "BatchStats", "ForeachBatch"]
 
@@ -77,9 +79,10 @@ class BatchProcessor:
     Step 5. Redis mode: mark the batch's records done from the driver, one script call (per
             shard on Redis Cluster); only now can duplicates elsewhere in the scope be dropped
             for good. Then, unless ``ack_outbox`` is off, acknowledge the senders' outbox
-            records of the rows the sinks hold on the executors (one task per core): with a
-            Parquet sink in the background, from the committed files, while the next batch
-            runs (:mod:`eoguard_spark.acks`).
+            records of the rows the sinks hold: with a Parquet sink in the background, from
+            the committed files, while the next batch runs (:mod:`eoguard_spark.acks`; the
+            driver reads files on its own filesystem itself, see :meth:`_ack_committed`);
+            else on the executors (one task per core).
     """
 
     def __init__(self, spark: SparkSession, options: JobOptions, *,
@@ -290,8 +293,17 @@ class BatchProcessor:
             self._acks.submit(batch_id, self._ack_committed(output, batch_id))
 
     def _ack_committed(self, output: ParquetBatchSink, batch_id: int) -> Callable[[], int]:
-        """The acknowledgement pass over the files ``output`` committed for ``batch_id`` (their
-        ``id`` column alone: given as the schema, no file footer is read for it)."""
+        """The acknowledgement pass over the files ``output`` committed for ``batch_id``.
+
+        On the driver's own filesystem, with bounded batches, the pass thread reads their ids
+        itself (:func:`eoguard_spark.worker.ack_files`): a Spark job's fixed cost (~0.17 CPU-s
+        on two cores) is more than the work of 50,000 ids, and the files are right here.
+        Elsewhere (HDFS, S3...) the executors read them: their ``id`` column alone (given as
+        the schema, no file footer is read for it).
+        """
+        directory = output.local_dir(batch_id) if bounded(self.options) else None
+        if directory is not None:
+            return functools.partial(ack_files, self.settings, directory)
         return lambda: self._ack(output.read(batch_id, ID_ONLY))
 
     def _ack(self, held: DataFrame) -> int:

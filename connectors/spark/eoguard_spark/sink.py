@@ -58,6 +58,13 @@ class HadoopFs:
         self._path_cls = jvm.org.apache.hadoop.fs.Path
         conf = spark._jsc.hadoopConfiguration()
         self._fs = self._path_cls(path).getFileSystem(conf)
+        self._local = str(self._fs.getScheme()) == "file"
+
+    def local_path(self, path: str) -> str | None:
+        """``path`` on this machine's filesystem; None on another filesystem (HDFS, S3...)."""
+        if not self._local:
+            return None
+        return str(self._fs.makeQualified(self._p(path)).toUri().getPath())
 
     def _p(self, path: str) -> Any:
         return self._path_cls(path)
@@ -174,6 +181,10 @@ class ParquetBatchSink:
 
     def batch_dir(self, batch_id: int) -> str:
         return f"{self.path}/batch_id={batch_id}"
+
+    def local_dir(self, batch_id: int) -> str | None:
+        """Batch ``batch_id``'s directory on this machine's filesystem, if the sink is on it."""
+        return self._fs.local_path(self.batch_dir(batch_id))
 
     def committed(self, batch_id: int) -> bool:
         """Whether this query committed batch ``batch_id`` here."""
