@@ -8,6 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import redis
 from pyspark.errors import StreamingQueryException
@@ -20,6 +22,7 @@ from eoguard.store.outbox import Outbox, OutboxRecord
 from eoguard_spark import BatchProcessor, JobOptions, build_query, wait_for_acks
 from eoguard_spark import batch as batch_module
 from eoguard_spark.sink import ParquetBatchSink
+from eoguard_spark.worker import ClaimSettings, ack_files
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -88,9 +91,11 @@ def test_every_batchs_outbox_records_are_acknowledged_in_the_background(
     assert remaining == []
 
 
+@pytest.mark.parametrize("where", ["driver", "executors"])
 def test_a_start_acknowledges_the_batch_before_it_once_more(
-        new_topic: Callable[..., str], kafka_bootstrap: str, job_options: Callable[..., JobOptions],
-        run_job: Callable[..., list[Any]], redis_client: redis.Redis) -> None:
+        where: str, new_topic: Callable[..., str], kafka_bootstrap: str,
+        job_options: Callable[..., JobOptions], run_job: Callable[..., list[Any]],
+        redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     """A crash can cut a batch's background pass short after Spark committed the batch (no
     replay then). A run without acknowledgements plays that; the next start, on the same
     checkpoint, acknowledges that batch before its own."""
@@ -105,13 +110,48 @@ def test_a_start_acknowledges_the_batch_before_it_once_more(
     second = [envelope(b"b%d" % i) for i in range(4)]
     in_outbox(redis_client, options, second)
     produce(kafka_bootstrap, topic, second)
+    ran = passes_on(where, monkeypatch)
     stats = run_job(options)
 
     print(f"second start: batches={[s.batch_id for s in stats]} outbox records left: "
           f"{len(left(outbox, first))} of batch 0, {len(left(outbox, second))} of batch 1")
     assert [s.batch_id for s in stats] == [1]
+    assert ran == [where] * 2  # batch 0's pass once more, then batch 1's
     assert left(outbox, first) == []
     assert left(outbox, second) == []
+
+
+def test_the_drivers_pass_reads_only_the_batchs_data_files(
+        tmp_path: Path, job_options: Callable[..., JobOptions], redis_client: redis.Redis) -> None:
+    """``ack_files`` acknowledges the ids of a batch directory's Parquet part files, and none of
+    what Spark and the sink put beside them (markers, checksums, temporary directories), all
+    named ``_*`` or ``.*``; an empty batch acknowledges nothing."""
+    options = job_options(["t"])
+    sent = [envelope(b"d%d" % i) for i in range(30)]
+    decoys = [envelope(b"x%d" % i) for i in range(3)]
+    outbox = in_outbox(redis_client, options, sent + decoys)
+    batch = tmp_path / "batch_id=0"
+    (batch / "_temporary" / "0").mkdir(parents=True)
+    pq.write_table(pa.table({"id": [e.id for e in sent[:20]]}), batch / "part-00000.parquet")
+    pq.write_table(pa.table({"id": [e.id for e in sent[20:]]}), batch / "part-00001.parquet")
+    for at, decoy in zip(["_temporary/0/part-00000.parquet", ".part-00002.parquet",
+                          "_part-00003.parquet"], decoys, strict=True):
+        pq.write_table(pa.table({"id": [decoy.id]}), batch / at)
+    (batch / "_SUCCESS").write_text("")
+    (batch / "_EOGUARD_COMMITTED").write_text("q")
+    (batch / ".part-00000.parquet.crc").write_bytes(b"crc")
+    (tmp_path / "batch_id=1").mkdir()
+    settings = ClaimSettings.of(options)
+
+    acked = ack_files(settings, str(batch))
+    empty = ack_files(settings, str(tmp_path / "batch_id=1"))
+
+    print(f"acknowledged {acked} of {len(sent)}; decoys left {len(left(outbox, decoys))}; "
+          f"empty batch {empty}")
+    assert acked == len(sent)
+    assert left(outbox, sent) == []
+    assert left(outbox, decoys) == [e.id for e in decoys]
+    assert empty == 0
 
 
 @pytest.mark.parametrize("where", ["driver", "executors"])

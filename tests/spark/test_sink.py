@@ -35,3 +35,21 @@ def test_unique_columns_are_written_without_a_dictionary(spark: SparkSession, tm
     back = pq.read_table(files[0])
     assert back.num_rows == 5000
     assert sorted(back.column("id").to_pylist()) == sorted(r[0] for r in rows)
+
+
+@pytest.mark.parametrize("name", ["plain", "with space", "per%cent"])
+def test_a_local_sink_names_its_batch_directories_on_this_machine(
+        spark: SparkSession, tmp_path: Path, name: str) -> None:
+    """``local_dir`` is the directory the driver's pass reads: the very one Spark wrote its files
+    to, for a path or a ``file:`` URI, whatever characters the name holds (Hadoop takes a
+    URI's ``%`` escapes literally, and so does ``local_dir``)."""
+    root = tmp_path / name
+    for given in (str(root), f"file://{root}"):
+        sink = ParquetBatchSink(spark, given, query_id="q")
+        sink.write(spark.createDataFrame([("a",)], "id string"), 3)
+        local = sink.local_dir(3)
+        print(f"{given!r} -> {local!r}")
+        assert local == str(root / "batch_id=3")
+        assert Path(local, "_EOGUARD_COMMITTED").is_file()
+        assert [i for f in Path(local).glob("*.parquet")
+                for i in pq.read_table(f).column("id").to_pylist()] == ["a"]

@@ -58,10 +58,12 @@ class HadoopFs:
         self._path_cls = jvm.org.apache.hadoop.fs.Path
         conf = spark._jsc.hadoopConfiguration()
         self._fs = self._path_cls(path).getFileSystem(conf)
-        self._local = str(self._fs.getScheme()) == "file"
+        self._local: bool | None = None  # on this machine's filesystem? (asked once, if ever)
 
     def local_path(self, path: str) -> str | None:
         """``path`` on this machine's filesystem; None on another filesystem (HDFS, S3...)."""
+        if self._local is None:  # getUri(): every FileSystem has one (not every getScheme())
+            self._local = str(self._fs.getUri().getScheme()) == "file"
         if not self._local:
             return None
         return str(self._fs.makeQualified(self._p(path)).toUri().getPath())

@@ -1,5 +1,5 @@
 """What the executors' Python workers share: the settings a task gets, round trips kept in
-flight, and the outbox acknowledgement pass.
+flight, and the outbox acknowledgement pass (which the driver runs too, see :func:`ack_files`).
 
 Plain Python over Arrow (no pyspark), like :mod:`eoguard_spark.claims` (the claim pass);
 :mod:`eoguard_spark.dedup` wraps both into Spark passes. Each task opens one Redis client and
@@ -125,9 +125,10 @@ def ack_files(settings: ClaimSettings, directory: str) -> int:
     Files named ``_*`` and ``.*`` (commit markers, checksums) are not data and are skipped."""
     # Imported here: ~0.25 s, which the executors' workers (the other callers here) never need.
     from pyarrow.dataset import dataset  # noqa: PLC0415
+    from pyarrow.fs import LocalFileSystem  # noqa: PLC0415
 
-    files = dataset(directory, format="parquet", schema=_ID_ONLY)
-    return ack_ids(settings, files.to_batches(columns=["id"]))
+    files = dataset(directory, format="parquet", schema=_ID_ONLY, filesystem=LocalFileSystem())
+    return ack_ids(settings, files.to_batches())
 
 
 def ack_ids(settings: ClaimSettings, batches: Iterable[pa.RecordBatch]) -> int:
