@@ -13,15 +13,17 @@ own filesystem.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pyarrow as pa
+from redis.cluster import RedisCluster
 
 from eoguard.credentials import redis_login
 from eoguard.store.client import RedisClient, connect
@@ -86,20 +88,32 @@ class ClaimSettings:
 
 def in_flight(store: DedupStore, prepared: Iterable[Prepared[T]], doing: str,
               pool: ThreadPoolExecutor) -> Iterator[T]:
-    """Send each prepared chunk as one round trip, up to ``IN_FLIGHT`` at a time on ``pool``
-    (each on its own connection of the client's pool); the replies, in order.
+    """Send each prepared chunk as one round trip, up to ``IN_FLIGHT`` at a time (each on its
+    own connection of the client's pool); the replies, in order.
 
     Redis (``appendfsync always``) syncs its log once per event-loop pass before it answers,
     and a pass reads at most 16 KB per connection: chunks in flight on several connections
-    share those syncs instead of waiting for one each.
+    share those syncs instead of waiting for one each. On a single node each chunk is written
+    at once (:meth:`DedupStore.send`: one buffer, packed by hiredis) and its reply read in
+    turn; a cluster client hands out no connection of its own, so there each chunk runs on a
+    thread of ``pool``.
     """
-    flight: deque[Future[list[Any]]] = deque()
-    for chunk in prepared:
-        flight.append(pool.submit(store.run, [chunk], doing))
-        if len(flight) >= IN_FLIGHT:
-            yield flight.popleft().result()[0]
-    while flight:
-        yield flight.popleft().result()[0]
+    threads = isinstance(store.client, RedisCluster)
+    flight: deque[Callable[[], list[Any]]] = deque()
+    try:
+        for chunk in prepared:
+            if threads:
+                flight.append(pool.submit(store.run, [chunk], doing).result)
+            else:
+                flight.append(store.send([chunk], doing).wait)
+            if len(flight) >= IN_FLIGHT:
+                yield flight.popleft()()[0]
+        while flight:
+            yield flight.popleft()()[0]
+    finally:  # an error, or the caller stopped early: read what is still in flight
+        while flight:
+            with contextlib.suppress(Exception):
+                flight.popleft()()
 
 
 @functools.cache
