@@ -267,6 +267,14 @@ class InFlight:
         self.conn: Any = None
         self.pool: Any = None
 
+    def discard(self) -> None:
+        """Give the connection back without reading the replies (closed, so none is left to
+        answer its next user): for a caller that failed and will not wait."""
+        if self.conn is not None:
+            self.conn.disconnect()
+            self.pool.release(self.conn)
+            self.conn = None
+
     def wait(self) -> list[Any]:
         """Each prepared's parsed replies, in order; raises as :meth:`Scripts.run` does.
 

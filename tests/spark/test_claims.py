@@ -4,6 +4,7 @@ replay of a done micro-batch keeps, and that the done mark completes only this b
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -12,12 +13,13 @@ import redis
 
 from eoguard.envelope import new_message_id, now_ms
 from eoguard.modes import KeepUntil
-from eoguard.store.dedup import BatchState, Claim, DedupStore, IdState, position
+from eoguard.store.dedup import BatchState, Claim, ClaimResult, DedupStore, IdState, position
 from eoguard.store.keys import DEFAULT_MAX_TTL_MS, KeySpace
 from eoguard.store.outbox import Outbox, OutboxRecord
+from eoguard.store.scripts import Prepared
 from eoguard_spark.claims import ClaimInput, claim_partition
 from eoguard_spark.dedup import batch_token
-from eoguard_spark.worker import ClaimSettings, ack_partition
+from eoguard_spark.worker import IN_FLIGHT, ClaimSettings, ack_partition, in_flight
 
 pytestmark = pytest.mark.integration
 
@@ -202,3 +204,40 @@ def test_the_done_mark_completes_only_this_batchs_claims_and_acks_the_outbox(
     assert other.id_state(now) is IdState.IN_PROGRESS  # another batch's claim: not ours to mark
     assert acked == 4
     assert all(outbox.get(i) is None for i in ids[:4])
+
+
+def test_round_trips_left_in_flight_are_given_back_unread(private_redis: Any) -> None:
+    """``in_flight`` keeps up to IN_FLIGHT round trips out, each on a connection of its own. A
+    caller that stops early, or a reply that fails, leaves no connection checked out and none
+    whose unread replies would answer its next user."""
+    client = redis.Redis.from_url(private_redis.address)
+    store = DedupStore(client, scope="s")
+    pool = client.connection_pool
+
+    def chunk() -> Prepared[Any]:
+        batch = [store.new_claim(new_message_id(), position("r", "t", 0, i), now_ms() + 60_000)
+                 for i in range(50)]
+        return store.prepare_claim(store.new_token(), batch)
+
+    def boom(_replies: list[Any]) -> Any:
+        raise RuntimeError("a reply that fails to parse")
+
+    with ThreadPoolExecutor(1) as threads:
+        replies = in_flight(store, [chunk() for _ in range(IN_FLIGHT + 2)], "claiming", threads)
+        first = next(replies)
+        out_early = len(pool._in_use_connections)  # type: ignore[attr-defined]
+        replies.close()
+        after_close = len(pool._in_use_connections)  # type: ignore[attr-defined]
+        failing = [chunk(), Prepared(chunk().calls, boom), chunk(), chunk()]
+        with pytest.raises(RuntimeError, match="fails to parse"):
+            list(in_flight(store, failing, "claiming", threads))
+        after_error = len(pool._in_use_connections)  # type: ignore[attr-defined]
+    [next_user] = store.run([chunk()])
+    print(f"in use: {out_early} after the first reply, {after_close} after close, "
+          f"{after_error} after a failed reply; the next user got {len(next_user.results)} "
+          f"replies")
+    assert first.results == [ClaimResult.NEW] * 50
+    assert out_early == IN_FLIGHT - 1
+    assert after_close == after_error == 0
+    assert next_user.results == [ClaimResult.NEW] * 50
+    client.close()

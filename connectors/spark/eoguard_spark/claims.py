@@ -56,7 +56,7 @@ class _Partition:
         self.token = settings.token
         self.client = client
         self.store = settings.store(client)
-        self.pool = pool  # round trips in flight
+        self.pool = pool  # round trips in flight on a cluster (see worker.in_flight)
         self.won: set[str] = set()  # a later copy of one of these is a duplicate
 
     def claim_batch(self, arrays: ClaimInput) -> pa.Array:

@@ -13,24 +13,22 @@ own filesystem.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pyarrow as pa
-from redis.cluster import RedisCluster
 
 from eoguard.credentials import redis_login
 from eoguard.store.client import RedisClient, connect
 from eoguard.store.dedup import DedupStore
 from eoguard.store.keys import KeySpace
 from eoguard.store.outbox import Outbox
-from eoguard.store.scripts import Prepared
+from eoguard.store.scripts import InFlight, Prepared
 from eoguard_spark.options import JobOptions
 
 __all__ = ["IN_FLIGHT", "ClaimSettings", "ack_files", "ack_ids", "ack_partition",
@@ -98,22 +96,29 @@ def in_flight(store: DedupStore, prepared: Iterable[Prepared[T]], doing: str,
     turn; a cluster client hands out no connection of its own, so there each chunk runs on a
     thread of ``pool``.
     """
-    threads = isinstance(store.client, RedisCluster)
-    flight: deque[Callable[[], list[Any]]] = deque()
+    # The test Scripts.send_prepared makes: a client with a pool of its own connections.
+    threads = getattr(store.client, "connection_pool", None) is None
+    flight: deque[InFlight | Future[list[Any]]] = deque()
+
+    def reply(item: InFlight | Future[list[Any]]) -> T:
+        replies = item.result() if isinstance(item, Future) else item.wait()
+        first: T = replies[0]
+        return first
+
     try:
         for chunk in prepared:
-            if threads:
-                flight.append(pool.submit(store.run, [chunk], doing).result)
-            else:
-                flight.append(store.send([chunk], doing).wait)
+            flight.append(pool.submit(store.run, [chunk], doing) if threads
+                          else store.send([chunk], doing))
             if len(flight) >= IN_FLIGHT:
-                yield flight.popleft()()[0]
+                yield reply(flight.popleft())
         while flight:
-            yield flight.popleft()()[0]
-    finally:  # an error, or the caller stopped early: read what is still in flight
-        while flight:
-            with contextlib.suppress(Exception):
-                flight.popleft()()
+            yield reply(flight.popleft())
+    finally:  # an error, or the caller stopped early: nothing more is read
+        for item in flight:
+            if isinstance(item, Future):
+                item.cancel()  # one running already ends on its own thread
+            else:
+                item.discard()
 
 
 @functools.cache
