@@ -105,8 +105,9 @@ _FAILOVER_WINDOW_MS = 600_000
 def _transient(client: RedisClient, short: dict[str, int], replicas: int) -> str | None:
     """Why a Redis Cluster's shortage of replicas will pass, or None. Every short master must
     be explained, by its own shard: a node of it failing recently (its replica down, or its
-    old master down after promoting it), or its replicas known but not linked yet (restarted,
-    resyncing). A single Redis keeps no record of a replica it lost: None."""
+    old master down after promoting it, in the view of a node that saw the promotion or not
+    yet), or its replicas known but not linked yet (restarted, resyncing). A single Redis
+    keeps no record of a replica it lost: None."""
     if not isinstance(client, RedisCluster):
         return None
     try:
@@ -127,9 +128,11 @@ def _transient(client: RedisClient, short: dict[str, int], replicas: int) -> str
     reasons = []
     for me in ids:
         mine = [a for a, n in nodes.items() if n["master_id"] == me]
+        # A view that has not seen a promotion yet still has ``me`` replicating its old master.
+        was = {n["master_id"] for n in nodes.values() if n["node_id"] == me}
         failing = sorted(
             a for a, n in nodes.items() if {"fail", "fail?"} & flags[a]
-            and (a in mine or ("master" in flags[a] and not n["slots"]))
+            and (a in mine or n["node_id"] in was or ("master" in flags[a] and not n["slots"]))
             and now_ms - int(n["last_pong_rcvd"] or 0) < _FAILOVER_WINDOW_MS)
         if failing:
             reasons.append(f"{', '.join(failing)} is failing: a failover is under way")
