@@ -189,10 +189,10 @@ class Scripts:
         if calls and not self._loaded:
             self.load_all()
         flight = InFlight(self, prepared, calls, doing)
-        pool = getattr(self._client, "connection_pool", None)
-        if not calls or pool is None:  # RedisCluster routes per node: no raw connection
+        if not calls or not sends_ahead(self._client):
             flight.replies = self.run(calls, doing=doing)
             return flight
+        pool: Any = self._client.connection_pool  # type: ignore[attr-defined]
         try:
             conn = pool.get_connection()
         except redis.RedisError as exc:
@@ -240,6 +240,13 @@ class Scripts:
             self._client.script_load(lua_script(name).source)
         except redis.RedisError as exc:
             raise wrap_redis_error(exc, f"loading {name}.lua") from exc
+
+
+def sends_ahead(client: RedisClient) -> bool:
+    """Whether :meth:`Scripts.send_prepared` on ``client`` writes now and reads later: a client
+    with a pool of connections of its own. A ``RedisCluster`` routes per node and hands out
+    no raw connection, so there the calls run at once."""
+    return getattr(client, "connection_pool", None) is not None
 
 
 def _pack_evalsha(conn: Any, calls: Sequence[ScriptCall]) -> list[bytes]:

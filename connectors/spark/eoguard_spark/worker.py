@@ -28,7 +28,7 @@ from eoguard.store.client import RedisClient, connect
 from eoguard.store.dedup import DedupStore
 from eoguard.store.keys import KeySpace
 from eoguard.store.outbox import Outbox
-from eoguard.store.scripts import InFlight, Prepared
+from eoguard.store.scripts import InFlight, Prepared, sends_ahead
 from eoguard_spark.options import JobOptions
 
 __all__ = ["IN_FLIGHT", "ClaimSettings", "ack_files", "ack_ids", "ack_partition",
@@ -96,8 +96,7 @@ def in_flight(store: DedupStore, prepared: Iterable[Prepared[T]], doing: str,
     turn; a cluster client hands out no connection of its own, so there each chunk runs on a
     thread of ``pool``.
     """
-    # The test Scripts.send_prepared makes: a client with a pool of its own connections.
-    threads = getattr(store.client, "connection_pool", None) is None
+    threads = not sends_ahead(store.client)
     flight: deque[InFlight | Future[list[Any]]] = deque()
 
     def reply(item: InFlight | Future[list[Any]]) -> T:
