@@ -165,6 +165,60 @@ def free_port() -> int:
     raise RuntimeError("no free loopback port in 23000-31999")
 
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+CLUSTER_BUS_OFFSET = 10_000  # a cluster-mode redis-server's bus listens on port + 10000
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral (client source) port range, first and last; Linux's default
+    32768-60999 where it cannot be read."""
+    try:
+        first, last = (int(n) for n in EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return 32_768, 60_999
+    return first, last
+
+
+def _free(*ports: int) -> bool:
+    """Whether every one of ``ports`` can be bound on loopback right now (all at once)."""
+    socks: list[socket.socket] = []
+    try:
+        for port in ports:
+            sock = socket.socket()
+            socks.append(sock)
+            sock.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    finally:
+        for sock in socks:
+            sock.close()
+    return True
+
+
+def free_cluster_port() -> int:
+    """A port P for a cluster-mode redis-server, whose cluster bus listens on P + 10000.
+
+    At the time of the call P and P + 10000 are both free on loopback (bound together as a
+    test) and both below the kernel's ephemeral range, so neither is handed out as a client's
+    source port before the server binds it (a bus port inside the range once kept a node
+    from starting), and P + 10000 is a valid port. With the usual range P is in 10000-12999,
+    its bus in 20000-22999: clear of :func:`free_port`'s picks and the local stack's ports.
+    Another process may still bind one of them meanwhile.
+    """
+    first = ephemeral_range()[0]
+    top = min(13_000, first - CLUSTER_BUS_OFFSET)  # exclusive
+    bottom = max(1_024, top - 3_000)
+    if top <= bottom:
+        raise RuntimeError(f"the ephemeral port range starts at {first}: no room below it for "
+                           "a cluster port and its bus (port + 10000)")
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(bottom, top)
+        if _free(port, port + CLUSTER_BUS_OFFSET):
+            return port
+    raise RuntimeError(f"no free loopback port in {bottom}-{top - 1} with a free bus port")
+
+
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
     """A Redis (AOF on) of this test alone, which the test may SIGKILL and restart."""

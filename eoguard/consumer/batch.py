@@ -18,6 +18,7 @@ from typing import Any
 
 from confluent_kafka import Message
 
+from eoguard.callbacks import awaitable_refused
 from eoguard.codec import check_envelope
 from eoguard.config import ConsumerConfig
 from eoguard.consumer.dead_letter import DeadLetterReason, DeadLetterRouter
@@ -72,7 +73,9 @@ class BatchProcessor:
         self.leases = leases  # renews a batch's records from its claims to its done marks
         self._dedup, self._outbox, self._sink, self._dead = dedup, outbox, sink, dead
         self._env, self._codec, self._payloads = env, env.codec, env.payloads
-        self._handler, self._batch_handler = handler, batch_handler
+        # Typed to return object: what it returns is looked at (an awaitable fails it).
+        self._handler: Callable[[HandlerContext], object] | None = handler
+        self._batch_handler = batch_handler
         self._key_prefixes = dedup.keys.dedup_prefixes(config.scope)
         self._limits = config.effective_limits()
         # position(group, topic, ...) up to the topic: the group is this consumer's reader
@@ -156,8 +159,9 @@ class BatchProcessor:
                                     "record (re-read before its dead letter was sent)")
             elif result is _EXPIRED:
                 self._expired(item.msg, item.envelope)
-            else:  # STALE: a token is never reused, so this is a bug; claim anew
-                raise StateError(f"batch {batch.token} is done already; not claiming under it")
+            else:  # STALE or PASSED: a consumer's token is fresh and never gives up a claim
+                raise StateError(f"batch {batch.token} is done already, or gave up {result.name} "
+                                 "claims; a consumer never does: not claiming under it")
         batch.items = batch.claimed = mine
 
     # Steps 5 and 6 -----------------------------------------------------------------------
@@ -209,10 +213,15 @@ class BatchProcessor:
             item.attempts += 1
             ctx = HandlerContext(item, item.attempts, env)
             try:
-                handler(ctx)
+                returned = handler(ctx)
             except Exception as exc:  # noqa: BLE001 - any handler error is a failure
                 item.error = exc
                 continue
+            if returned is not None:  # an awaitable ran nothing: a failure, never marked done
+                refused = awaitable_refused(returned, "handler")
+                if refused is not None:
+                    item.error = refused
+                    continue
             item.error = None
             item.effects = ctx.effects
             if ctx.outputs:
@@ -229,6 +238,9 @@ class BatchProcessor:
             errors = self._batch_handler(contexts) or {}
         except Exception as exc:  # noqa: BLE001 - any handler error fails the whole batch
             errors = {item.envelope.id: exc for item in items}
+        refused = awaitable_refused(errors, "batch_handler")  # an awaitable is truthy
+        if refused is not None:  # it ran nothing: the whole batch failed
+            errors = {item.envelope.id: refused for item in items}
         outputs: list[OutputRecord] = []
         for item, ctx in zip(items, contexts, strict=True):
             item.error = errors.get(item.envelope.id)

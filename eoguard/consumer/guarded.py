@@ -59,6 +59,7 @@ from typing import Any
 from confluent_kafka import Message
 from redis.cluster import RedisCluster
 
+from eoguard.callbacks import require_sync
 from eoguard.codec import EnvelopeCodec, PayloadCodec, SchemaRegistry
 from eoguard.config import ConsumerConfig
 from eoguard.consumer.batch import BatchProcessor
@@ -96,6 +97,8 @@ class GuardedConsumer:
                  registry: SchemaRegistry | None = None) -> None:
         if (handler is None) == (batch_handler is None):
             raise ConfigError("GuardedConsumer needs exactly one of handler= or batch_handler=")
+        require_sync(handler, "handler")  # before any connection: nothing to close
+        require_sync(batch_handler, "batch_handler")
         self.config = config
         self._owns_redis = redis is None and config.redis.client is None  # closed at close()
         self._redis = redis if redis is not None else config.redis.connect()

@@ -1,8 +1,9 @@
 """Runs the application's on_guaranteed / on_failed callbacks on eoguard's own thread.
 
 Callbacks are queued in batches by the threads that settle messages (after they released
-their locks) and run here one by one, in order. A callback that raises is logged and the
-next one runs: an application bug never stops delivery.
+their locks) and run here one by one, in order. A callback that raises, or returns an
+awaitable (closed unrun: eoguard never awaits one), is logged and the next one runs: an
+application bug never stops delivery, nor changes a message's guarantee.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from eoguard.callbacks import awaitable_refused
 from eoguard.errors import EoguardError
 from eoguard.producer.messages import PendingMessage
 
@@ -56,14 +58,25 @@ class CallbackDispatcher:
             if batch is None:
                 return
             for msg, error in batch:
+                # Typed to return object: what it returns is looked at (an awaitable is refused).
+                guaranteed: Callable[[PendingMessage], object] | None = msg.on_guaranteed
+                failed: Callable[[PendingMessage, EoguardError], object] | None = msg.on_failed
+                returned: object = None
                 try:
                     if error is None:
-                        if msg.on_guaranteed is not None:
-                            msg.on_guaranteed(msg)
-                    elif msg.on_failed is not None:
-                        msg.on_failed(msg, error)
+                        if guaranteed is not None:
+                            returned = guaranteed(msg)
+                    elif failed is not None:
+                        returned = failed(msg, error)
                 except Exception:  # an application callback must not stop delivery
                     self.errors += 1
                     log.exception("a callback of message %s raised; ignored", msg.id)
+                    continue
+                if returned is not None:
+                    refused = awaitable_refused(
+                        returned, "on_guaranteed" if error is None else "on_failed")
+                    if refused is not None:
+                        self.errors += 1
+                        log.error("a callback of message %s: %s", msg.id, refused)
             with self._done:
                 self._done.notify_all()

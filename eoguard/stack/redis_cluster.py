@@ -29,6 +29,10 @@ class RedisClusterNodes(ServiceGroup):
 
     name = "redis-cluster"
 
+    # The default ports 17001..17006 and their buses 27001..27006 lie below Linux's ephemeral
+    # range (32768-60999 by default), so no client connection holds one as its source port
+    # when a node (re)starts and binds it. A port chosen by EOGUARD_CLUSTER_REDIS_PORT should
+    # keep port + 10005 below the range too.
     def __init__(self, workdir: Path, *, port: int = 17001, node_timeout_ms: int = 2000,
                  ready_timeout_s: float = 60.0) -> None:
         self.port = port

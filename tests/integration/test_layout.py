@@ -22,10 +22,12 @@ from eoguard.stack.redis_server import ensure_redis_server
 from eoguard.store.client import connect
 from eoguard.store.keys import DEFAULT_MAX_TTL_MS, LAYOUT_VERSION, KeySpace
 from eoguard.store.layout import Layout, check_layout, recorded_layout
-from tests.conftest import free_port
+from tests.conftest import free_cluster_port
 from tests.redis_kit import acl_user
 
 pytestmark = pytest.mark.integration
+
+READY_S = 10  # a redis-server answers within a second; the rest is slack for a loaded host
 
 
 @pytest.mark.cluster
@@ -179,23 +181,29 @@ def test_a_server_that_may_evict_is_refused(private_redis, key_prefix: str,
 def test_a_single_node_client_of_a_cluster_mode_server_is_refused(tmp_path) -> None:
     # One script call per batch spans many hash slots: a cluster would answer CROSSSLOT to
     # every batch (a rewind forever). Refused at start instead, with what to do.
-    port = free_port()
-    while port > 55535:  # a cluster node's bus is port + 10000, which must be a valid port
-        port = free_port()
-    server = subprocess.Popen(
-        [ensure_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--cluster-enabled", "yes", "--dir", str(tmp_path),
-         "--cluster-config-file", str(tmp_path / "nodes.conf")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = free_cluster_port()  # its bus (port + 10000) free and outside the ephemeral range
+    output = tmp_path / "redis-server.out"  # its log (stdout) and stderr: why it did not start
+    with output.open("wb") as out:
+        server = subprocess.Popen(
+            [ensure_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--cluster-enabled", "yes", "--dir", str(tmp_path),
+             "--cluster-config-file", str(tmp_path / "nodes.conf")],
+            stdout=out, stderr=subprocess.STDOUT)
     client = redis.Redis(host="127.0.0.1", port=port)
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + READY_S
         while True:
             try:
                 client.ping()
                 break
             except redis.ConnectionError:
-                assert time.monotonic() < deadline, "the cluster-mode redis-server did not start"
+                exited = server.poll()  # a server that exited fails at once, not at the deadline
+                if exited is not None or time.monotonic() >= deadline:
+                    state = (f"not answering after {READY_S} s" if exited is None
+                             else f"exited with status {exited}")
+                    pytest.fail(f"the cluster-mode redis-server on port {port} (bus "
+                                f"{port + 10000}) did not start, {state}; its output:\n"
+                                f"{output.read_text(errors='replace')}", pytrace=False)
                 time.sleep(0.05)
         with pytest.raises(ConfigError, match="cluster mode"):
             check_layout(client, KeySpace(prefix="p"))
