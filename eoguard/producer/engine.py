@@ -15,11 +15,13 @@ thread here runs application callbacks: settled messages go to the
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from typing import Any
 
 from eoguard.config import ProducerConfig
+from eoguard.envelope import now_ms
 from eoguard.errors import StoreError
 from eoguard.kafka.producer import KafkaProducer
 from eoguard.modes import KeepUntil, PersistenceMode
@@ -34,6 +36,8 @@ from eoguard.store.liveness import Liveness
 from eoguard.store.outbox import Outbox
 
 __all__ = ["ProducerEngine"]
+
+log = logging.getLogger(__name__)
 
 _DELAY_UPDATE_S = 0.1
 _PRODUCE_RETRY_S = 0.005  # librdkafka's queue was full: try again this soon
@@ -68,6 +72,7 @@ class ProducerEngine:
                                   max_bytes=config.max_queue_bytes)
         self.delay_ms: float = float(config.delay_max_ms)
         self.live_producers = 0
+        self.clock_ahead_ms = 0  # this host's clock's lead over Redis's (0 when behind)
         self.sender_served_at = 0.0  # monotonic time a sending thread last served reports
         self._kafka_blocked = False
         now = time.monotonic()
@@ -234,11 +239,23 @@ class ProducerEngine:
 
     def heartbeat(self) -> None:
         try:
-            beat = self.liveness.heartbeat(self.instance_id, int(self.config.lease_s * 1000))
+            self.renew_lease()
         except StoreError as exc:
             self.writer.store_failed(exc)
-            return
+
+    def renew_lease(self) -> None:
+        """Renew the liveness lease (raises :class:`StoreError`); note the live count and
+        ``clock_ahead_ms``, which ``send`` takes off its expiry bound (docs/design.md §5,
+        Clocks). The local time is read before the call, so the lead is never overstated: a
+        clock in step with Redis's measures 0."""
+        sent_at = now_ms()
+        beat = self.liveness.heartbeat(self.instance_id, int(self.config.lease_s * 1000))
         self.live_producers = beat.live_count
+        ahead = max(0, sent_at - beat.now_ms)
+        if ahead > self.config.input_limits.clock_skew_ms >= self.clock_ahead_ms:
+            log.warning("this host's clock runs %d ms ahead of Redis's: expiries are clamped to "
+                        "Redis's now + max_ttl (docs/design.md §5, Clocks)", ahead)
+        self.clock_ahead_ms = ahead
 
     def run_recovery(self) -> None:
         """Resend this producer's failed deliveries, then one recovery pass."""

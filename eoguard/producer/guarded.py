@@ -1,12 +1,13 @@
 """GuardedProducer: Kafka producing with a Redis outbox, guaranteed callbacks and recovery.
 
 ``send`` encodes the message as an Avro envelope (new time-ordered id, ``expires_at = now +
-ttl``), takes room in the bounded in-memory queue and returns a :class:`SendHandle` without
-waiting on the network. ``on_guaranteed`` fires exactly once, when the message is in the
-Redis outbox or acknowledged by Kafka with acks=all, whichever comes first (see
-:class:`eoguard.modes.PersistenceMode` for the two modes and their trade-off); from then on
-no crash of this process loses it. ``on_failed`` fires instead when that cannot happen
-(expired while the outbox was down, refused by Kafka, producer closed first).
+ttl``, at most Redis's now + ``max_ttl``), takes room in the bounded in-memory queue and
+returns a :class:`SendHandle` without waiting on the network. ``on_guaranteed`` fires
+exactly once, when the message is in the Redis outbox or acknowledged by Kafka with
+acks=all, whichever comes first (see :class:`eoguard.modes.PersistenceMode` for the two
+modes and their trade-off); from then on no crash of this process loses it. ``on_failed``
+fires instead when that cannot happen (expired while the outbox was down, refused by Kafka,
+producer closed first).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+from eoguard.callbacks import require_sync
 from eoguard.codec import EnvelopeCodec, PayloadCodec, SchemaRegistry
 from eoguard.config import ProducerConfig
 from eoguard.envelope import new_message_id, now_ms
@@ -66,12 +68,15 @@ class GuardedProducer:
 
     Construction registers the instance's liveness lease in Redis and, with
     ``recover_on_start``, resends what crashed producers left behind; it raises
-    :class:`StoreUnavailableError` if Redis cannot be reached then.
+    :class:`StoreUnavailableError` if Redis cannot be reached then, and
+    :class:`ConfigError` for an ``async def`` callback (eoguard never awaits one).
     """
 
     def __init__(self, config: ProducerConfig, *, registry: SchemaRegistry | None = None,
                  on_guaranteed: GuaranteedCallback | None = None,
                  on_failed: FailedCallback | None = None) -> None:
+        require_sync(on_guaranteed, "on_guaranteed")  # before any connection: nothing to close
+        require_sync(on_failed, "on_failed")
         self.config = config
         self.instance_id = config.instance_id or (
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
@@ -111,8 +116,7 @@ class GuardedProducer:
             check_layout(self._redis, config.keyspace, replicas=wait.replicas if wait else 0)
             # Register before writing any record: a recovering producer treats records of an
             # owner it does not see live (and older than its read) as abandoned.
-            beat = self._liveness.heartbeat(self.instance_id, int(config.lease_s * 1000))
-            self._engine.live_producers = beat.live_count
+            self._engine.renew_lease()
             if config.recover_on_start:
                 self.recover()
         except EoguardError:
@@ -142,7 +146,7 @@ class GuardedProducer:
         is the same message to every consumer scope; persist-first does not publish it again
         while the first send's record is in the outbox (its ``on_guaranteed`` fires at once).
         Raises :class:`InvalidMessageError` (also for a TTL beyond the key prefix's
-        ``max_ttl_ms``, or headers or payload beyond ``input_limits``),
+        ``max_ttl_ms``, headers or payload beyond ``input_limits``, or an async callback),
         :class:`MessageTooLargeError`, :class:`SchemaNotFoundError` /
         :class:`PayloadEncodeError`, :class:`BackpressureError` (queue full past
         ``send_timeout_s``), :class:`PersistError` (persist-first, queue full because the
@@ -152,6 +156,9 @@ class GuardedProducer:
             raise ProducerClosedError("send after close")
         key = check_send_args(topic, value, key, schema=schema, headers=headers, ttl_s=ttl_s,
                               max_ttl_ms=self._max_ttl_ms, limits=self.config.input_limits)
+        if on_guaranteed is not None or on_failed is not None:
+            require_sync(on_guaranteed, "on_guaranteed", error=InvalidMessageError)
+            require_sync(on_failed, "on_failed", error=InvalidMessageError)
         mid = new_message_id() if message_id is None else caller_message_id(message_id)
         ttl_ms = self._ttl_ms if ttl_s is None else max(1, int(ttl_s * 1000))
         payload = (value if schema is None and value.__class__ is bytes
@@ -161,6 +168,10 @@ class GuardedProducer:
                                       f"input_limits.payload_bytes ({self._payload_limit})")
         created = now_ms()
         expires = created + ttl_ms
+        bound = created - self._engine.clock_ahead_ms + self._max_ttl_ms
+        if expires > bound:  # never past max_ttl by Redis's clock (docs/design.md §5, Clocks)
+            expires = bound
+            created = min(created, bound)  # a clock ahead by over max_ttl: never after expiry
         data = self._codec.encode_fields(  # the envelope, encoded without building it
             mid, expires, created, producer=self.instance_id, attempt=1, payload_schema=schema,
             payload=payload, headers=dict(headers) if headers else _NO_HEADERS,

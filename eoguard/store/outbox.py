@@ -1,4 +1,5 @@
-"""The outbox: one Redis string per message not yet known to be consumed, TTL = expires_at.
+"""The outbox: one Redis string per message not yet known to be consumed, TTL = expires_at
+(at most Redis's now + ``max_ttl`` when written, whatever the producer's clock says).
 
 A record goes ``pending`` (written by the producer) -> ``published`` (Kafka acknowledged;
 kept only with ``keep_until=consumed``) -> deleted (the consumer's end-to-end ack, or at
@@ -125,7 +126,7 @@ class Outbox:
         for mark_groups, put_groups in chunks:
             keys: list[str] = []
             args: list[ScriptArg] = [owner, resend_after_ms, keep_until.value,
-                                     len(mark_groups), len(put_groups)]
+                                     len(mark_groups), len(put_groups), self.keys.max_ttl_ms]
             args += [len(m) for m in mark_groups.values()]
             args += [len(m) for m in put_groups.values()]
             prefixes = [self._record_prefix(shard, ids[0]) for shard, ids in mark_groups.items()]

@@ -1,7 +1,8 @@
 """Value types of the outbox: a record's lifecycle, what is written, stored and claimed, and
 the layout of a record's value in Redis.
 
-A record is one Redis string (``SET NX`` with ``PXAT`` = its ``expires_at``)::
+A record is one Redis string (``SET NX`` with ``PXAT`` = its ``expires_at``, at most Redis's
+now + ``max_ttl``)::
 
     <state>:<owned_at>:<next_resend_at>:<len(owner)>:<owner>    written by the scripts
     <attempt>:<keep>:<created_at>:<expires_at>:<len(topic)>:<len(key)>:<len(headers)>:

@@ -94,6 +94,40 @@ def test_put_leaves_existing_records_and_refuses_expired_ones(outbox: Outbox) ->
     assert outbox.expire_times([dead.id]) == {dead.id: -2}
 
 
+@pytest.mark.cluster
+def test_no_record_or_index_outlives_max_ttl_whatever_its_expires_at(
+        redis_client: redis.Redis, key_prefix: str) -> None:
+    """Invariant 6: records stamped by a producer clock hours ahead expire, and so does their
+    index, within max_ttl by Redis's clock (PTTL); the outbox has no grace. A record within
+    the bound keeps its expires_at, and one already past is refused."""
+    keys = KeySpace(prefix=key_prefix, shards=1, max_ttl_ms=HOUR_MS)  # one index: every member
+    outbox = Outbox(redis_client, keys)
+    ahead = [record(ttl_ms=HOUR_MS + 3 * HOUR_MS + i * 60_000) for i in range(3)]
+    within = record(ttl_ms=HOUR_MS - 60_000)
+    dead = OutboxRecord(id=new_message_id(), topic="t", key=None, value=b"v",
+                        created_at_ms=now_ms() - 2000, expires_at_ms=now_ms() - 1000)
+    result = outbox.put([*ahead, within, dead], owner="p1", keep_until=KeepUntil.CONSUMED,
+                        resend_after_ms=60_000)
+    assert sorted(result.stored) == sorted(r.id for r in [*ahead, within])
+    assert result.expired == [dead.id]
+    slack_ms = 10_000  # the time this test takes, at most
+    for rec in ahead:
+        ttl = redis_client.pttl(keys.outbox_record(rec.id))
+        assert HOUR_MS - slack_ms <= ttl <= HOUR_MS, (rec.id, ttl)
+        stored = outbox.get(rec.id)
+        assert stored is not None
+        assert stored.expires_at_ms == rec.expires_at_ms  # as written: the TTL removes it first
+    assert outbox.expire_times([within.id]) == {within.id: within.expires_at_ms}
+    index_ttl = redis_client.pttl(keys.outbox_index(0))
+    assert HOUR_MS - slack_ms <= index_ttl <= HOUR_MS
+    # A later write of a record within the bound never pulls the index's expiry in.
+    put(outbox, [record(ttl_ms=60_000)])
+    assert redis_client.pttl(keys.outbox_index(0)) >= index_ttl - slack_ms
+    # Publication (SETRANGE) keeps the clamped TTL.
+    outbox.mark_published([ahead[0].id], keep_until=KeepUntil.CONSUMED)
+    assert redis_client.pttl(keys.outbox_record(ahead[0].id)) <= HOUR_MS
+
+
 def test_mark_published_keeps_record_until_consumed(outbox: Outbox) -> None:
     recs = [record() for _ in range(10)]
     put(outbox, recs, keep=KeepUntil.CONSUMED)

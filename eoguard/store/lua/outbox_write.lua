@@ -9,17 +9,26 @@
 -- ARGV[3]   = keep_until of the marked records: "published" (delete them) | "consumed" (keep
 --             them as published for the consumer's end-to-end ack)
 -- ARGV[4]   = M: number of mark groups; ARGV[5] = P: number of put groups
--- ARGV[6 .. 5+M+P] = number of messages in each group (mark groups, then put groups)
+-- ARGV[6]   = max_ttl_ms (KeySpace.max_ttl_ms): no key this script writes expires after Redis's
+--             now + this, whatever a record's expires_at says (the outbox has no grace)
+-- ARGV[7 .. 6+M+P] = number of messages in each group (mark groups, then put groups)
 -- then      = per group, the length of its record keys before the message id (a record key
 --             is that prefix, then the id: the script takes the id from it), then 2 values
---             per stored message (expires_at_ms, body: see below), in KEYS order
+--             per stored message (expires_at_ms, from the producer's clock; body: see
+--             below), in KEYS order
 -- returns   = {now_ms, kept, deleted, missing, stored, i_1, r_1, i_2, r_2, ...}: marked
 --             records kept as published, deleted, not found (acked by a consumer, or
 --             expired); records stored; then only the messages not stored: i = position
 --             among the stored messages (1-based), r = 0 already present (left untouched),
---             -1 already expired (not stored)
+--             -1 already expired (not stored): expires_at is not after Redis's now
 --
--- Record value (one string, SET NX with PXAT = its expires_at; see outbox_types.py):
+-- Expiries are judged and bounded by Redis's clock (TIME), never the producer's: a record's
+-- PXAT is its expires_at clamped to now + max_ttl, so a producer clock running ahead cannot
+-- make a record, or the index that follows it, outlive max_ttl (docs/design.md §10, invariant
+-- 6). The record keeps the expires_at it was written with (its envelope's): the TTL removes it
+-- first.
+--
+-- Record value (one string, SET NX with PXAT = its clamped expires_at; see outbox_types.py):
 --   <state>:<owned_at>:<next_resend_at>:<len(owner)>:<owner>   written here and by a claim;
 --            state "0" pending, "1" published (a one-byte SETRANGE at offset 0)
 --   <body> = <attempt>:<keep>:<created_at>:<expires_at>:<len(topic)>:<len(key), -1 = no key>:
@@ -27,19 +36,23 @@
 -- A pending record's id is in its shard's index with next_resend_at as score; marking removes
 -- it in every case, so a published record is never resent. Publication is evidence whoever
 -- published: the owner is not checked, and a missing record is never recreated (a SETRANGE
--- on it would leave a key without TTL). The index's own expiry is pushed to the latest
--- expires_at among its members, so nothing outlives the messages it indexes. On Redis
+-- on it would leave a key without TTL). The index's own expiry is pushed (later only) to the
+-- latest PXAT among the members it stores, so it outlives the records it indexes. On Redis
 -- Cluster the caller sends one group per call (every key in one hash slot).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+--!include now_ms
+
+local now = now_ms()
 local next_resend = now + tonumber(ARGV[2])
+local limit = now + tonumber(ARGV[6])  -- the latest PXAT this call may write
+local limit_text = string.format('%d', limit)
 local delete = ARGV[3] == 'published'
 local mark_groups, put_groups = tonumber(ARGV[4]), tonumber(ARGV[5])
 local groups = mark_groups + put_groups
-local key_at, arg_at = 1, 6 + 2 * groups
+local key_at, arg_at = 1, 7 + 2 * groups
 local kept, deleted, missing = 0, 0, 0
 for g = 1, mark_groups do
-  local n, id_at = tonumber(ARGV[5 + g]), tonumber(ARGV[5 + groups + g]) + 1
+  local n, id_at = tonumber(ARGV[6 + g]), tonumber(ARGV[6 + groups + g]) + 1
   local ids = {}
   for i = 1, n do
     local rec = KEYS[key_at + i]
@@ -63,24 +76,30 @@ local out = {now, kept, deleted, missing - kept - deleted, 0}
 local head = '0:' .. now .. ':' .. next_resend .. ':' .. #ARGV[1] .. ':' .. ARGV[1]
 local stored, pos = 0, 0
 for g = 1, put_groups do
-  local index, n = KEYS[key_at], tonumber(ARGV[5 + mark_groups + g])
-  local id_at = tonumber(ARGV[5 + groups + mark_groups + g]) + 1
-  local max_exp = 0
+  local index, n = KEYS[key_at], tonumber(ARGV[6 + mark_groups + g])
+  local id_at = tonumber(ARGV[6 + groups + mark_groups + g]) + 1
+  local max_exp = 0  -- the latest PXAT written in this group
   local members = {}  -- score, member pairs: one ZADD per group
   for i = 1, n do
     pos = pos + 1
-    local rec, expires_at = KEYS[key_at + i], tonumber(ARGV[arg_at])
+    local rec, pxat = KEYS[key_at + i], ARGV[arg_at]
+    local expires_at = tonumber(pxat)
     if expires_at <= now then
       out[#out + 1] = pos
       out[#out + 1] = -1
-    elseif redis.call('SET', rec, head .. ARGV[arg_at + 1], 'PXAT', ARGV[arg_at], 'NX') then
-      members[#members + 1] = next_resend
-      members[#members + 1] = string.sub(rec, id_at)
-      if expires_at > max_exp then max_exp = expires_at end
-      stored = stored + 1
     else
-      out[#out + 1] = pos
-      out[#out + 1] = 0
+      if expires_at > limit then  -- stamped by a clock ahead of Redis's
+        expires_at, pxat = limit, limit_text
+      end
+      if redis.call('SET', rec, head .. ARGV[arg_at + 1], 'PXAT', pxat, 'NX') then
+        members[#members + 1] = next_resend
+        members[#members + 1] = string.sub(rec, id_at)
+        if expires_at > max_exp then max_exp = expires_at end
+        stored = stored + 1
+      else
+        out[#out + 1] = pos
+        out[#out + 1] = 0
+      end
     end
     arg_at = arg_at + 2
   end
