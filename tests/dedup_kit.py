@@ -19,7 +19,7 @@ from eoguard.store.dedup import (
 
 GRACE_MS = 5_000
 LEASE_MS = 10_000
-NEW, MINE, DONE_HERE, DUPLICATE, BUSY, EXPIRED, PARTIAL, STALE = tuple(ClaimResult)
+NEW, MINE, DONE_HERE, DUPLICATE, BUSY, EXPIRED, PARTIAL, STALE, PASSED = tuple(ClaimResult)
 
 
 def claim_of(store: DedupStore, message_id: str, offset: int, *, ttl_ms: int = 60_000,

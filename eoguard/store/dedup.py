@@ -13,7 +13,6 @@ past ``max_ttl`` + grace from now); a batch record outlives the claims it covers
 from __future__ import annotations
 
 import secrets
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -102,6 +101,7 @@ class DedupStore:
         self._key_prefixes = self._shards.key_prefixes
         self._record_prefixes = self._shards.record_prefixes
         self._reowned_prefixes = self._shards.reowned_prefixes
+        self._passed_prefixes = self._shards.passed_prefixes
         self.round_trips = 0
 
     @staticmethod
@@ -144,20 +144,30 @@ class DedupStore:
         return [(shard, self._record_prefixes[shard] + token) for shard in wanted]
 
     # Claim -----------------------------------------------------------------
-    def claim(self, token: str, claims: Sequence[Claim]) -> list[ClaimOutcome]:
+    def claim(self, token: str, claims: Sequence[Claim], *, give_up_busy: bool = False
+              ) -> list[ClaimOutcome]:
         """Claim a batch under ``token``: one script call (per hash slot on a cluster)."""
-        return self._run(self.prepare_claim(token, claims), "claiming a batch").outcomes(claims)
+        return self._run(self.prepare_claim(token, claims, give_up_busy=give_up_busy),
+                         "claiming a batch").outcomes(claims)
 
-    def prepare_claim(self, token: str, claims: Sequence[Claim]) -> Prepared[ClaimReport]:
-        """The calls of :meth:`claim`, to send with others in one round trip (:meth:`send`)."""
+    def prepare_claim(self, token: str, claims: Sequence[Claim], *, give_up_busy: bool = False
+                      ) -> Prepared[ClaimReport]:
+        """The calls of :meth:`claim`, to send with others in one round trip (:meth:`send`).
+
+        ``give_up_busy``: a claim still BUSY (held by another token) is given up for good under
+        ``token``: every later claim of its position under the token is PASSED. For a pass with
+        several attempts (a Spark task): its attempts then agree on every row, whichever runs
+        last (docs/design.md §7).
+        """
         _check_token(token)
         groups = self._shards.group(claims)
         calls = []
-        grace, prefixes = self.grace_ms, self._record_prefixes
+        grace, prefixes, passed = self.grace_ms, self._record_prefixes, self._passed_prefixes
         for shards in self._shards.calls(groups):
             keys = [prefixes[shard] + token for shard in shards]
+            keys += [passed[shard] + token for shard in shards]
             argv: list[ScriptArg] = [token, self.lease_ms, grace, self.keys.max_ttl_ms,
-                                     len(shards)]
+                                     len(shards), 1 if give_up_busy else 0]
             for shard in shards:
                 argv += (prefixes[shard], self._reowned_prefixes[shard], len(groups[shard][0]))
             for shard in shards:
@@ -217,6 +227,7 @@ class DedupStore:
         calls: list[ScriptCall] = []
         simple_calls: list[bool] = []
         call_members: list[list[int]] = []  # per call, its claims in the order of its keys
+        bound = self.keys.max_ttl_ms + self.grace_ms
         for shards in self._shards.calls(groups):
             members = [i for shard in shards for i in groups[shard][0]]
             call_members.append(members)
@@ -224,18 +235,19 @@ class DedupStore:
             if simple and effects:
                 simple = not any(effects.get(claims[i][0]) for i in members)
             # A lost record is written again with the latest claim PXAT, never past what a
-            # claim may live (now + max_ttl + grace, as the claim script clamps it).
-            bound = int(time.time() * 1000) + self.keys.max_ttl_ms + self.grace_ms
-            latest = [min(max(claims[i][2] for i in groups[shard][0]) + self.grace_ms, bound)
+            # claim may live: the script clamps it to Redis's now + max_ttl + grace, as the
+            # claim script clamped the claims.
+            latest = [max(claims[i][2] for i in groups[shard][0]) + self.grace_ms
                       for shard in shards]
             keys = self._shards.done_keys(token, shards)
             if simple:  # the common case: every message handled, none with effects
                 calls.append(ScriptCall("dedup_done", keys, [
-                    token, len(shards), 0, *(0 for _ in shards), *latest, 1]))
+                    token, len(shards), 0, *(0 for _ in shards), *latest, bound, 1]))
                 simple_calls.append(True)
                 continue
             argv: list[ScriptArg] = [token, len(shards), len(members),
-                                     *(len(groups[shard][0]) for shard in shards), *latest, 0]
+                                     *(len(groups[shard][0]) for shard in shards), *latest,
+                                     bound, 0]
             for shard in shards:
                 keys += groups[shard][1]
             index: dict[str, int] = {}
@@ -299,7 +311,7 @@ class DedupStore:
         groups: Groups = {shard: ([], []) for shard in wanted}
         calls = [ScriptCall("dedup_done", self._shards.done_keys(token, call_shards),
                             [token, len(call_shards), 0, *(0 for _ in call_shards),
-                             *(0 for _ in call_shards), 1])
+                             *(0 for _ in call_shards), self.keys.max_ttl_ms + self.grace_ms, 1])
                  for call_shards in self._shards.calls(groups)]
         return Prepared(calls, lambda _replies: None)
 

@@ -25,6 +25,8 @@ class ScopeShards:
                                      for shard in range(keys.shards))
         self.reowned_prefixes = tuple(keys.dedup_reowned_prefix(scope, shard)
                                       for shard in range(keys.shards))
+        self.passed_prefixes = tuple(keys.dedup_passed_prefix(scope, shard)
+                                     for shard in range(keys.shards))
 
     def group(self, claims: Sequence[Claim]) -> Groups:
         """The claims by shard, in order of first appearance."""

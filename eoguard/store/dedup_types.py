@@ -43,6 +43,7 @@ class ClaimResult(enum.Enum):
     EXPIRED = 5  # past expires_at by the server clock: nothing written
     PARTIAL = 6  # PARTIAL at this same position: dead-letter it, never handle it
     STALE = 7  # the caller's token is done: nothing may be claimed under it
+    PASSED = 8  # an attempt of the caller's token gave this position up as BUSY for good
 
     @property
     def should_handle(self) -> bool:

@@ -9,6 +9,8 @@ hash slot and the same code runs on Redis Cluster:
     {prefix}:db:{<scope>/<shard>}:<token>  batch record of the claim pass <token> on that shard
     {prefix}:dr:{<scope>/<shard>}:<token>  claims of <token> re-owned by another pass of the same
                                            position (hash: claim key -> position)
+    {prefix}:dp:{<scope>/<shard>}:<token>  positions an attempt of <token> gave up as BUSY for
+                                           good (hash: position -> 1; a Spark micro-batch's)
     {prefix}:fx:{<scope>/<shard>}:<name>   a transactional handler's effect key, in the hash
                                            slot of the dedup keys of <shard> (Cluster-safe)
     {prefix}:live:{producers}              live producer leases (sorted set: instance -> deadline)
@@ -98,6 +100,14 @@ class KeySpace:
     def dedup_reowned_prefix(self, scope: str, shard: int) -> str:
         return f"{self.prefix}:dr:{{{scope}/{shard}}}:"
 
+    def dedup_passed(self, scope: str, shard: int, token: str) -> str:
+        """The positions an attempt of pass ``token`` gave up as BUSY on ``shard``: every later
+        attempt of the token leaves them too (a Spark task's attempts agree on its rows)."""
+        return f"{self.dedup_passed_prefix(scope, shard)}{token}"
+
+    def dedup_passed_prefix(self, scope: str, shard: int) -> str:
+        return f"{self.prefix}:dp:{{{scope}/{shard}}}:"
+
     def dedup_pattern(self, scope: str | None = None) -> str:
         """SCAN pattern for the claim keys of one scope, or of every scope."""
         return f"{self.prefix}:dc:{{{scope}/*" if scope else f"{self.prefix}:dc:*"
@@ -109,6 +119,10 @@ class KeySpace:
     def dedup_reowned_pattern(self, scope: str | None = None) -> str:
         """SCAN pattern for the re-owned hashes of one scope, or of every scope."""
         return f"{self.prefix}:dr:{{{scope}/*" if scope else f"{self.prefix}:dr:*"
+
+    def dedup_passed_pattern(self, scope: str | None = None) -> str:
+        """SCAN pattern for the passed hashes of one scope, or of every scope."""
+        return f"{self.prefix}:dp:{{{scope}/*" if scope else f"{self.prefix}:dp:*"
 
     def legacy_dedup_pattern(self) -> str:
         """SCAN pattern for the dedup keys of layout version 1, left under this prefix."""

@@ -93,6 +93,7 @@ class Scripts:
     """Runs :class:`ScriptCall` batches on one client, one round trip per batch."""
 
     _MAX_RELOADS = 3
+    _MAX_ASKS = 4
 
     def __init__(self, client: RedisClient, *, wait: ReplicaWait | None = None) -> None:
         self._client = client
@@ -131,10 +132,29 @@ class Scripts:
     def run(self, calls: Sequence[ScriptCall], *, doing: str = "running a script") -> list[Any]:
         """Run ``calls`` pipelined and return their replies in call order.
 
-        Raises :class:`StoreUnavailableError` when Redis cannot be reached and
+        A call that asks for keys it did not declare (:func:`declaring`) is run again with
+        them declared. Raises :class:`StoreUnavailableError` when Redis cannot be reached and
         :class:`StoreError` when a script fails. A batch that fails midway may have applied
         some calls: every script is written to be safe to run again.
         """
+        replies = self._run_once(calls, doing)
+        return self.answer_asks(calls, replies, doing)
+
+    def answer_asks(self, calls: Sequence[ScriptCall], replies: list[Any], doing: str
+                    ) -> list[Any]:
+        """``replies`` with each call that asked for undeclared keys run again declaring them
+        (a few times at most: each run may find other holders)."""
+        calls = list(calls)
+        for _ in range(self._MAX_ASKS):
+            asked = [i for i, reply in enumerate(replies) if _asks(reply)]
+            if not asked:
+                return replies
+            again = [declaring(calls[i], replies[i]) for i in asked]
+            for i, call, reply in zip(asked, again, self._run_once(again, doing), strict=True):
+                calls[i], replies[i] = call, reply
+        raise StoreError(f"a script kept asking for keys it did not declare while {doing}")
+
+    def _run_once(self, calls: Sequence[ScriptCall], doing: str) -> list[Any]:
         if not calls:
             return []
         if not self._loaded:
@@ -242,6 +262,23 @@ class Scripts:
             raise wrap_redis_error(exc, f"loading {name}.lua") from exc
 
 
+def _asks(reply: Any) -> bool:
+    """Whether a script's reply asks for undeclared keys: ``{'?', key, ...}``, having written
+    nothing (``lua/lib/undeclared.lua``)."""
+    return type(reply) is list and len(reply) > 1 and reply[0] == b"?"
+
+
+def declaring(call: ScriptCall, reply: list[Any]) -> ScriptCall:
+    """``call`` again, with the keys its reply asked for appended to its keys.
+
+    A script reads a key it did not declare only before its first write, and trusts it missing
+    only when declared: during a slot migration it may live on the other node, and a declared
+    key makes Redis route the call there (ASK) or answer TRYAGAIN until the keys are together.
+    """
+    extra = [key.decode() if isinstance(key, bytes) else str(key) for key in reply[1:]]
+    return call._replace(keys=[*call.keys, *(key for key in extra if key not in call.keys)])
+
+
 def sends_ahead(client: RedisClient) -> bool:
     """Whether :meth:`Scripts.send_prepared` on ``client`` writes now and reads later: a client
     with a pool of connections of its own. A ``RedisCluster`` routes per node and hands out
@@ -325,4 +362,4 @@ class InFlight:
             again = self._scripts.run([calls[i] for i in missing], doing=self._doing)
             for i, reply in zip(missing, again, strict=True):
                 replies[i] = reply
-        return replies
+        return self._scripts.answer_asks(calls, replies, self._doing)

@@ -92,7 +92,7 @@ class Stub:
                 token = str(args[0])
                 if call.script == "dedup_claim":
                     groups = int(args[4])
-                    claim_keys = keys[groups:]
+                    claim_keys = keys[2 * groups:]
                     ids = [key.rsplit(":", 1)[-1] for key in claim_keys]
                     codes = [self._next(self.claim_codes, i, ClaimResult.NEW) for i in ids]
                     holder = token.encode() if self.busy_held_by_self else b"another-consumers"

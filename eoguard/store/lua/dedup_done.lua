@@ -20,13 +20,16 @@
 -- ARGV[3+j]    = for group j = 1..g: its number of claim keys passed
 -- ARGV[3+g+j]  = for group j: the latest PXAT of its claims (a lost record is written again
 --                with it), or 0 when unknown (then a lost record stays lost)
--- ARGV[4+2g]   = '1' when the pass is simple: every message handled and none with effects
+-- ARGV[4+2g]   = max_ttl + grace in ms: a lost record written again expires no later than
+--                Redis's now + this (the bound every claim key was clamped to)
+-- ARGV[5+2g]   = '1' when the pass is simple: every message handled and none with effects
 --                (the common case: nothing follows, and no claim key is read: the record's
 --                done mark covers every claim still naming the token); '0' otherwise, and
 --                then for each message i = 1..n, in order: its position, handled ('1') or let
 --                go ('0': failed, refused, expired, dropped), command count c, and c commands,
 --                each: NAME, index of its key in KEYS, argument count a, a arguments
 --                (lib/effects.lua says which commands and options)
+-- KEYS[...]    = after them, undeclared keys this script asked for (see "or" below), if any
 -- returns      = {codes, details, reowned}: codes is a string with one digit per claim key
 --                passed, in order; details lists, for each EFFECT_ERROR and PARTIAL in order,
 --                the reason; reowned lists, for each key of the re-owned hashes this call did
@@ -47,6 +50,7 @@
 --                                "p|<token>|<position>": done for every reader, never applied
 --                                again; the caller dead-letters it instead of retrying
 --                6 RELEASED      let go and still ours: the claim deleted (a retry claims anew)
+--              or {'?', key, ...}: nothing was written; call again with these keys declared.
 --
 -- A handled claim re-owned by another pass of the same position (this reader claimed the
 -- record again: a rebalance, a rewind) that is not done is taken back, and settled as this
@@ -56,53 +60,60 @@
 -- re-own in the holder's re-owned hash, so a simple pass reads no claim key: its cost is a few
 -- calls per group, whatever its size. The record is written last; if it is gone (its TTL, a
 -- failover), it is written again with the group's latest claim PXAT.
+--
+-- Keys this script does not declare: the records of the tokens claim keys name, and (simple
+-- pass) the claim keys listed in its re-owned hashes. Every one is read in the first phase,
+-- before any write, and a missing one is not trusted unless declared (lib/undeclared.lua):
+-- during a slot migration it may be on the other node. So an aborted call has written nothing
+-- (its effects included), and the DEL of a re-owned hash never happens without its take-backs.
 
 --!include now_ms
 --!include dedup_values
 --!include effects
+--!include undeclared
 
 local now = now_ms()
 local token, groups, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local simple = ARGV[4 + 2 * groups] == '1'
+local bound = now + tonumber(ARGV[4 + 2 * groups])
+local simple = ARGV[5 + 2 * groups] == '1'
 local done = 'd|' .. string.format('%d', now)
-local p = 5 + 2 * groups
+local p = 6 + 2 * groups
 local ours = 'c|' .. token .. '|'
 local codes, details, reowned_out = {}, {}, {}
 local is_dedup_key, apply = nil, nil -- built for the first message with effects
-local i = 0
 
--- Take back a handled claim re-owned by another pass of its position, unless that pass is
--- done: the code of the key (OK, ALREADY_DONE, NOT_OWNED or ABSENT) and its value now.
-local function take_back(key, position, records)
-  local value = redis.call('GET', key)
-  if not value then return 4, nil end
+-- Phase 1 decides, reading only; phase 2 writes what it decided.
+local plans = {} -- per group: {record, was_done, taken (flat key, position), take_backs}
+local todo = {} -- per claim index (non-simple): 'del', or its commands (a table), or nil
+local take = {} -- per claim index: the position to take its claim back at (a SET), or nil
+local held_at = {} -- per claim index with commands: the position its claim key names
+
+-- Would this pass take back a handled claim re-owned by another pass of its position (unless
+-- that pass is done)? The code of the key (OK, ALREADY_DONE, NOT_OWNED or ABSENT), and whether
+-- it must be written (taken back) in phase 2.
+local function take_back(value, position, records)
+  if not value then return 4, false end
   local state, holder, held_at = parse_claim(value)
-  if holder == token then return 0, value end
-  if state ~= 'c' or held_at ~= position then return state == 'p' and 2 or 1, value end
-  if batch_state(redis.call('GET', records .. holder), now) == 'done' then return 2, value end
-  value = ours .. position
-  redis.call('SET', key, value, 'KEEPTTL')
-  return 0, value
+  if holder == token then return 0, false end
+  if state ~= 'c' or held_at ~= position then return state == 'p' and 2 or 1, false end
+  if batch_state(undeclared_get(records .. holder), now) == 'done' then return 2, false end
+  return 0, true
 end
 
+local i = 0
 for j = 1, groups do
   local record = redis.call('GET', KEYS[j])
   local was_done = record ~= false and string.sub(record, 1, 1) == 'd'
   local records = string.sub(KEYS[j], 1, #KEYS[j] - #token) -- this scope and shard's records
   local taken = redis.call('HGETALL', KEYS[groups + j]) -- re-owned claims: key, position, ...
-  if #taken > 0 then redis.call('DEL', KEYS[groups + j]) end
   local size = tonumber(ARGV[3 + j])
-  local kept = 0 -- claims of this group still naming the token, handled
+  local backs = {} -- simple: per re-owned key, its code, and whether to take it back
   if simple then
     for t = 1, #taken, 2 do
-      local code = 2
-      if not was_done then code = take_back(taken[t], taken[t + 1], records) end
-      if code ~= 0 then
-        reowned_out[#reowned_out + 1] = taken[t]
-        reowned_out[#reowned_out + 1] = tostring(code)
-      end
+      local code, write = 2, false
+      if not was_done then code, write = take_back(undeclared_get(taken[t]), taken[t + 1], records) end
+      backs[#backs + 1] = {code, write}
     end
-    kept = 1 -- every claim handled: the record's done mark covers what still names the token
   else
     local taken_at = {}
     for t = 1, #taken, 2 do taken_at[taken[t]] = taken[t + 1] end
@@ -134,58 +145,101 @@ for j = 1, groups do
           p = p + 3 + nargs
         end
       end
-      local value, code = values[m], 0
+      local value, code, settled = values[m], 0, false
       if value and value ~= ours .. mine and handled and not was_done and taken_at[key] then
-        code, value = take_back(key, mine, records)
+        local write
+        code, write = take_back(value, mine, records)
         taken_at[key] = nil
+        settled = code ~= 0
+        if write then
+          take[i] = mine
+          value = ours .. mine
+        end
       end
-      if code ~= 0 then -- settled by take_back (ALREADY_DONE, NOT_OWNED or ABSENT): done here
+      if settled then -- by take_back (ALREADY_DONE, NOT_OWNED or ABSENT): done here
       elseif not value then
         code = 4
       else
         local state, holder, position = parse_claim(value)
         if holder ~= token then -- done first by another pass of this position, or not ours
-          local first = position == mine
-            and batch_state(redis.call('GET', records .. holder), now) == 'done'
-          code = first and 2 or 1
+          local first_done = position == mine
+            and batch_state(undeclared_get(records .. holder), now) == 'done'
+          code = first_done and 2 or 1
         elseif state == 'p' or was_done then
           code = 2
         elseif not handled then
-          redis.call('DEL', key)
+          todo[i] = 'del'
           code = 6
         elseif commands then
-          if not apply then
-            -- Every dedup key shares KEYS[1]'s prefix (which holds no ':') and a dc, db or dr tag.
-            local base = string.match(KEYS[1], '^[^:]*:')
-            apply = effects_apply()
-            is_dedup_key = function(name)
-              local tag = string.sub(name, #base + 1, #base + 3)
-              return string.sub(name, 1, #base) == base
-                and (tag == 'dc:' or tag == 'db:' or tag == 'dr:')
-            end
-          end
-          local reason
-          code, reason = apply(commands, is_dedup_key, now)
-          if code == 3 then
-            redis.call('DEL', key)
-          elseif code == 5 then
-            redis.call('SET', key, 'p|' .. token .. '|' .. position, 'KEEPTTL')
-          else
-            kept = kept + 1
-          end
-          if reason then details[#details + 1] = reason end
-        else
-          kept = kept + 1
+          todo[i], held_at[i] = commands, position -- applied in phase 2: OK, EFFECT_ERROR or PARTIAL
         end
       end
       codes[i] = code
+    end
+  end
+  plans[j] = {record, was_done, taken, backs}
+end
+
+local asked = undeclared_asked()
+if asked then return asked end
+
+i = 0
+for j = 1, groups do
+  local record, was_done, taken, backs = plans[j][1], plans[j][2], plans[j][3], plans[j][4]
+  local size = tonumber(ARGV[3 + j])
+  if #taken > 0 then redis.call('DEL', KEYS[groups + j]) end
+  local kept = 0 -- claims of this group still naming the token, handled
+  if simple then
+    for t = 1, #taken, 2 do
+      local code, write = backs[(t + 1) / 2][1], backs[(t + 1) / 2][2]
+      if write then redis.call('SET', taken[t], ours .. taken[t + 1], 'KEEPTTL') end
+      if code ~= 0 then
+        reowned_out[#reowned_out + 1] = taken[t]
+        reowned_out[#reowned_out + 1] = tostring(code)
+      end
+    end
+    kept = 1 -- every claim handled: the record's done mark covers what still names the token
+  else
+    for _ = 1, size do
+      i = i + 1
+      local key = KEYS[2 * groups + i]
+      if take[i] then redis.call('SET', key, ours .. take[i], 'KEEPTTL') end
+      local work = todo[i]
+      if work == 'del' then
+        redis.call('DEL', key)
+      elseif work then
+        if not apply then
+          -- Every dedup key shares KEYS[1]'s prefix (which holds no ':') and a dc, db, dr or
+          -- dp tag.
+          local base = string.match(KEYS[1], '^[^:]*:')
+          apply = effects_apply()
+          is_dedup_key = function(name)
+            local tag = string.sub(name, #base + 1, #base + 3)
+            return string.sub(name, 1, #base) == base
+              and (tag == 'dc:' or tag == 'db:' or tag == 'dr:' or tag == 'dp:')
+          end
+        end
+        local code, reason = apply(work, is_dedup_key, now)
+        if code == 3 then
+          redis.call('DEL', key)
+        elseif code == 5 then
+          redis.call('SET', key, 'p|' .. token .. '|' .. held_at[i], 'KEEPTTL')
+        else
+          kept = kept + 1
+        end
+        codes[i] = code
+        if reason then details[#details + 1] = reason end
+      elseif codes[i] == 0 then
+        kept = kept + 1
+      end
     end
   end
   if not was_done then
     if record then
       redis.call('SET', KEYS[j], done, 'KEEPTTL')
     elseif kept > 0 and ARGV[3 + groups + j] ~= '0' then -- gone while claims name the token
-      redis.call('SET', KEYS[j], done, 'PXAT', ARGV[3 + groups + j])
+      local at = math.min(tonumber(ARGV[3 + groups + j]), bound)
+      redis.call('SET', KEYS[j], done, 'PXAT', string.format('%d', at))
     end
   end
 end

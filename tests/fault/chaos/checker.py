@@ -168,7 +168,8 @@ def leftovers(client: redis.Redis, keys: KeySpace, expired: set[str] | None = No
     sweep_index(client, keys, dry_run=False)
     patterns = [keys.outbox_record_pattern(), keys.dedup_pattern()]
     if expired is None:
-        patterns += [keys.dedup_batch_pattern(), keys.dedup_reowned_pattern()]
+        patterns += [keys.dedup_batch_pattern(), keys.dedup_reowned_pattern(),
+                     keys.dedup_passed_pattern()]
     found = [k.decode() for p in patterns for k in client.scan_iter(match=p, count=1000)]
     entries = [m.decode() for s in range(keys.shards) for m in client.zrange(keys.outbox_index(s), 0, -1)]
     if expired is not None:
