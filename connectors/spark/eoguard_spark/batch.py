@@ -19,6 +19,7 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql.types import StringType, StructField, StructType
 
+from eoguard.callbacks import awaitable_refused, require_sync
 from eoguard.envelope import now_ms
 from eoguard.store.dedup import BatchState, DedupStore
 from eoguard_spark.acks import AckQueue
@@ -88,10 +89,13 @@ class BatchProcessor:
     def __init__(self, spark: SparkSession, options: JobOptions, *,
                  foreach_batch: ForeachBatch | None = None,
                  on_batch: Callable[[BatchStats], None] | None = None) -> None:
+        require_sync(foreach_batch, "foreach_batch")
+        require_sync(on_batch, "on_batch")
         self.spark = spark
         self.options = options
-        self.foreach_batch = foreach_batch
-        self.on_batch = on_batch
+        # Typed to return object: what a hook returns is looked at (an awaitable is refused).
+        self.foreach_batch: Callable[[DataFrame, int], object] | None = foreach_batch
+        self.on_batch: Callable[[BatchStats], object] | None = on_batch
         self.settings = ClaimSettings.of(options)
         self.ledger = BatchLedger(spark, options.checkpoint)
         self._sinks: tuple[ParquetBatchSink | None, ParquetBatchSink | None] | None = None
@@ -149,7 +153,10 @@ class BatchProcessor:
                     if self.foreach_batch is not None:  # Step 4.
                         assert held is not None, "_write reads the rows back for a hook"
                         with stats.phase("hook"):
-                            self.foreach_batch(held, batch_id)
+                            returned = self.foreach_batch(held, batch_id)
+                        refused = awaitable_refused(returned, "foreach_batch")
+                        if refused is not None:  # it ran nothing: fail the batch (replayed)
+                            raise refused
                     self.ledger.put(batch_id)
                 if redis_mode:  # Step 5.
                     with stats.phase("done"):
@@ -164,7 +171,9 @@ class BatchProcessor:
         stats.duration_s = time.monotonic() - started
         log.info("eoguard batch %d: %s", batch_id, stats)
         if self.on_batch is not None:
-            self.on_batch(stats)
+            refused = awaitable_refused(self.on_batch(stats), "on_batch")
+            if refused is not None:
+                raise refused
 
     def _write(self, df: DataFrame, batch_id: int, token: str, stats: BatchStats,
                cached: list[DataFrame]) -> DataFrame | None:
@@ -195,7 +204,7 @@ class BatchProcessor:
                 positioned = df.withColumn("position", position_column(self.reader()))
                 # The claim UDF is not deterministic: its rows are cached, never computed twice.
                 classified = keep(positioned.withColumn(
-                    "status", claim_status(replace(settings, busy_wait_ms=0))), stats, cached)
+                    "status", claim_status(settings.first_pass())), stats, cached)
                 # A replay of a done batch waits on nothing: what it did not take the first
                 # time it leaves out.
                 if stats.rows.get(RowStatus.BUSY.value) and not settings.token_done:

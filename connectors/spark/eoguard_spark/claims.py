@@ -6,6 +6,13 @@ token (:func:`eoguard_spark.dedup.batch_token`) at the row's position, so which 
 wins is decided by Redis, and a retried task or a replay re-owns the copy its earlier attempt
 claimed however Spark partitions it. A partition claims only rows that reach the sinks: a
 claim it lets go is released at once.
+
+Every attempt of a task must reach the same outcome for each row, since the driver's done mark
+covers every claim naming the token whichever attempt's output Spark commits. A claim is
+stable once made (a later attempt finds it MINE), and so are DONE, DUPLICATE and EXPIRED; BUSY
+is not (its holder may let go). So the last claim of a BUSY row gives it up for good under the
+token (``give_up_busy``): every later attempt finds it PASSED and leaves it out too, and an
+attempt that took it over first is found by the giving-up claim instead (MINE: kept).
 """
 
 from __future__ import annotations
@@ -17,8 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pyarrow as pa
 
 from eoguard.store.client import RedisClient
-from eoguard.store.dedup import BatchState, Claim, ClaimResult, DedupState
-from eoguard.store.dedup_admin import read_entries
+from eoguard.store.dedup import Claim, ClaimReport, ClaimResult
 from eoguard_spark.decode import RowStatus
 from eoguard_spark.worker import IN_FLIGHT, ClaimSettings, freeze_loaded_objects, in_flight
 
@@ -39,6 +45,7 @@ _STATUS_OF = {
     # effects, so never PARTIAL of its own)
     ClaimResult.PARTIAL: RowStatus.DUPLICATE.value,
     ClaimResult.STALE: RowStatus.STALE.value,
+    ClaimResult.PASSED: RowStatus.BUSY.value,  # given up as BUSY by an attempt of this task
 }
 _OK, _NEW, _BUSY = RowStatus.OK.value, RowStatus.NEW.value, RowStatus.BUSY.value
 _DUPLICATE, _STALE = RowStatus.DUPLICATE.value, RowStatus.STALE.value
@@ -76,9 +83,10 @@ class _Partition:
         Step 1. A copy of an id this partition won already is a duplicate, with no claim.
         Step 2. Claim the rest under the batch's token, ``batch_size`` per round trip.
         Step 3. Settle the results (:meth:`_settle`): a BUSY claim held by this batch's token
-                (a copy of the id elsewhere in the batch) or done by now is a duplicate.
+                (a copy of the id elsewhere in the batch) is a duplicate.
         Step 4. Other BUSY claims are claimed again until ``busy_wait_ms`` (none in the
-                first pass, see :func:`eoguard_spark.dedup.resolve_busy`), else stay busy.
+                first pass, see :func:`eoguard_spark.dedup.resolve_busy`); with
+                ``give_up_busy``, those still BUSY then are given up for good (see above).
         """
         won = self.won
         rows: list[int] = []
@@ -89,21 +97,23 @@ class _Partition:
                 rows.append(i)
         claims = self.store.located_claims([ids[i] for i in rows], [positions[i] for i in rows],
                                            [expires[i] for i in rows], [shards[i] for i in rows])
-        results, lease_ms = self._claim_round(claims)  # Step 2.
+        report = self._claim_round(claims)  # Step 2.
+        results = report.results
         if not self.settings.token_done and results.count(ClaimResult.NEW) == len(results):
             won.update(claim.message_id for claim in claims)  # the common case: all new
             for i in rows:
                 status[i] = _NEW
             return
-        settled, busy = self._settle(claims, results)  # Step 3.
+        settled, busy = self._settle(claims, report)  # Step 3.
         for i, row_status in zip(rows, settled, strict=True):
             status[i] = row_status
-        if busy and self.settings.busy_wait_ms > 0:  # Step 4.
-            waited = self._wait_on_busy([claims[j] for j in busy], [lease_ms[j] for j in busy])
+        if busy and (self.settings.busy_wait_ms > 0 or self.settings.give_up_busy):  # Step 4.
+            waited = self._wait_on_busy([claims[j] for j in busy],
+                                        [report.lease_ms[j] for j in busy])
             for j, row_status in zip(busy, waited, strict=True):
                 status[rows[j]] = row_status
 
-    def _settle(self, claims: list[Claim], results: list[ClaimResult]
+    def _settle(self, claims: list[Claim], report: ClaimReport
                 ) -> tuple[list[str], list[int]]:
         """The row status of each claim's result, and the indexes of the claims still BUSY.
 
@@ -113,9 +123,9 @@ class _Partition:
         NEW claim is released and its row left out as ``stale``: the first run did not take
         it. Without it, a DONE_HERE row was done by another claim pass of this reader (another
         query under the same reader name): a duplicate. A BUSY claim held by this batch's token
-        (another copy of the id in this batch) or done by now is a duplicate.
+        (another copy of the id in this batch) is a duplicate; a PASSED one stays ``busy``.
         """
-        won, token_done = self.won, self.settings.token_done
+        won, token_done, results = self.won, self.settings.token_done, report.results
         kept = _KEPT_IN_REPLAY if token_done else _KEPT
         won.update(claim.message_id for claim, result in zip(claims, results, strict=True)
                    if result in kept)
@@ -130,68 +140,58 @@ class _Partition:
                 out.append(_DUPLICATE)
             elif result is not ClaimResult.BUSY:
                 out.append(_STATUS_OF[result])
-            elif claim.message_id in won:
+            elif claim.message_id in won or report.holders.get(j) == self.token:
                 out.append(_DUPLICATE)
             else:
                 out.append(_BUSY)
                 busy.append(j)
         if release:  # claimed, but the row will not reach the sinks: not ours to keep
             self.store.release(self.token, release)
-        if busy:
-            here = self._held_here([claims[j] for j in busy])
-            for j, held_here in zip(busy, here, strict=True):
-                if held_here:
-                    out[j] = _DUPLICATE
-            busy = [j for j, held_here in zip(busy, here, strict=True) if not held_here]
         return out, busy
 
-    def _claim_round(self, claims: list[Claim]) -> tuple[list[ClaimResult], dict[int, int]]:
-        """Claim once, ``batch_size`` per round trip: the results, and the lease left (ms) of
-        each BUSY claim by its index."""
+    def _claim_round(self, claims: list[Claim]) -> ClaimReport:
+        """Claim once, ``batch_size`` per round trip (several in flight)."""
         store, size, token = self.store, self.settings.batch_size, self.token
         results: list[ClaimResult] = []
         lease_ms: dict[int, int] = {}
+        holders: dict[int, str] = {}
         chunks = (store.prepare_claim(token, claims[start:start + size])
                   for start in range(0, len(claims), size))
         for report in in_flight(store, chunks, "claiming a batch", self.pool):
             lease_ms.update((len(results) + j, left) for j, left in report.lease_ms.items())
+            holders.update((len(results) + j, holder) for j, holder in report.holders.items())
             results += report.results
-        return results, lease_ms
-
-    def _held_here(self, claims: list[Claim]) -> list[bool]:
-        """Per BUSY claim: is it held by this batch's token, or done (or PARTIAL) by now?"""
-        out: list[bool] = []
-        keys, size = self.store.keys, self.settings.batch_size
-        for start in range(0, len(claims), size):
-            chunk = claims[start:start + size]
-            entries = {e.key: e for e in read_entries(self.client, keys, [c.key for c in chunk])}
-            for claim in chunk:
-                entry = entries.get(claim.key)
-                out.append(entry is not None and (
-                    entry.token == self.token or entry.state is DedupState.PARTIAL
-                    or (entry.batch is not None and entry.batch.state is BatchState.DONE)))
-        return out
+        return ClaimReport(results, lease_ms, holders)
 
     def _wait_on_busy(self, claims: list[Claim], lease_left_ms: list[int]) -> list[str]:
         """Claim BUSY claims again until ``busy_wait_ms`` has passed; the status of each.
 
-        A claim still BUSY at the deadline stays ``busy`` (skipped: its holder handles it);
-        one taken over once the holder's lease lapsed is ``new``.
+        One taken over once the holder's lease lapsed is ``new``, one its holder finished a
+        ``duplicate``. With ``give_up_busy`` the last claim, at the deadline, gives up those
+        still BUSY for good (``busy``: skipped, its holder handles it), so no later attempt of
+        this task takes one; without it (a first pass, settled by another) they stay ``busy``.
         """
         out = [_BUSY] * len(claims)
         deadline = time.monotonic() + self.settings.busy_wait_ms / 1000
         pending = list(range(len(claims)))
+        give_up = self.settings.give_up_busy
         while pending:
             left_s = deadline - time.monotonic()
-            if left_s <= 0:
+            if left_s > 0:
+                time.sleep(min(left_s, _BUSY_POLL_S, min(lease_left_ms) / 1000 + 0.01))
+            elif not give_up:
                 break
-            time.sleep(min(left_s, _BUSY_POLL_S, min(lease_left_ms) / 1000 + 0.01))
-            outcomes = self.store.claim(self.token, [claims[i] for i in pending])
-            settled, still = self._settle([o.claim for o in outcomes],
-                                          [o.result for o in outcomes])
+            last = give_up and time.monotonic() >= deadline
+            chunk = [claims[i] for i in pending]
+            report = self.store.run([self.store.prepare_claim(self.token, chunk,
+                                                              give_up_busy=last)],
+                                    "claiming busy rows")[0]
+            settled, still = self._settle(chunk, report)
             for i, row_status in zip(pending, settled, strict=True):
                 out[i] = row_status
-            lease_left_ms = [outcomes[j].lease_ms for j in still]
+            if last:
+                break
+            lease_left_ms = [report.lease_ms[j] for j in still]
             pending = [pending[j] for j in still]
         return out
 

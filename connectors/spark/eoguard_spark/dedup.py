@@ -11,8 +11,9 @@ it (:func:`position_column`; the reader names the query and is kept in its check
 retry, a speculative task and a replayed micro-batch claim under the same token at the same
 positions, so they re-own their claims (MINE) however Spark partitions the replay; a true
 duplicate (same id, another offset) or the same record read by another reader of the scope (a
-GuardedConsumer's group) is skipped once done, waited on while BUSY, and taken over once its
-lease lapsed. The lease and the done mark are the batch's: the driver marks the batch's
+GuardedConsumer's group) is skipped once done, waited on while BUSY (then given up for good
+under the token, so every attempt of the task leaves it out: :mod:`eoguard_spark.claims`), and
+taken over once its lease lapsed. The lease and the done mark are the batch's: the driver marks the batch's
 records done once the sinks hold it (:meth:`eoguard.store.dedup.DedupStore.finish`).
 """
 

@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql.streaming.query import StreamingQuery
 
+from eoguard.callbacks import require_sync
 from eoguard.codec import SchemaRegistry
 from eoguard.errors import ConfigError
 from eoguard.stack import spark_jars
@@ -40,10 +41,11 @@ def _check_speculation(spark: SparkSession, options: JobOptions,
                        foreach_batch: ForeachBatch | None) -> None:
     """Speculation is safe for the claims and the Parquet sink, not for a hook's effects.
 
-    Two live attempts of a task claim under the batch's token at the same positions, so they
-    re-own the same claims and keep the same rows; Spark commits one attempt's Parquet files.
-    A ``foreach_batch`` hook may run per-attempt effects twice: refused unless the user says
-    it is idempotent.
+    Two live attempts of a task claim under the batch's token at the same positions and reach
+    the same outcome per row (a row one gives up as BUSY the other leaves out too:
+    :mod:`eoguard_spark.claims`); Spark commits one attempt's Parquet files. A
+    ``foreach_batch`` hook may run per-attempt effects twice: refused unless the user says it
+    is idempotent.
     """
     conf = spark.sparkContext.getConf()
     speculation = str(conf.get("spark.speculation", "false")).strip().lower() == "true"
@@ -81,12 +83,16 @@ def build_query(spark: SparkSession, options: JobOptions, *,
     drops is not claimed). ``foreach_batch(rows, batch_id)`` is a user sink called once per
     batch after the Parquet sink; it must replace per ``batch_id`` (a replayed batch calls it
     again with the same rows unless every sink had committed). ``on_batch`` gets each
-    batch's :class:`BatchStats`. With a Parquet sink the Redis mode acknowledges the senders'
+    batch's :class:`BatchStats`. An ``async def`` hook is refused (:class:`ConfigError`): the
+    job never awaits one. With a Parquet sink the Redis mode acknowledges the senders'
     outbox records of a batch in the background: :func:`eoguard_spark.acks.wait_for_acks`
     waits for the last batch's.
     """
     if options.output_path is None and foreach_batch is None:
         raise ConfigError("the job needs a sink: output_path and/or a foreach_batch hook")
+    for hook, name in ((foreach_batch, "foreach_batch"), (transform, "transform"),
+                       (on_batch, "on_batch")):
+        require_sync(hook, name)  # before any connection (BatchProcessor checks its own too)
     _check_speculation(spark, options, foreach_batch)
     if options.dedup is DedupMode.REDIS:
         _check_layout(options)

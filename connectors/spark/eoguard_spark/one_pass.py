@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 
 from pyspark.sql import Column, DataFrame, Observation, Row
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
@@ -60,7 +59,7 @@ def claim_into(output: ParquetBatchSink, dead: ParquetBatchSink | None, df: Data
     columns = [*OUTPUT_COLUMNS, "position"]
     positioned = (df.withColumn("position", position_column(reader))
                   .withColumn(_DECODED, status))
-    claimed = positioned.withColumn("status", claim_status(replace(settings, busy_wait_ms=0)))
+    claimed = positioned.withColumn("status", claim_status(settings.first_pass()))
     observation = Observation()
     observed = claimed.observe(observation, *status_counts(), _claim_outcomes())
     settled: DataFrame | None = None

@@ -18,7 +18,7 @@ import gc
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -57,6 +57,10 @@ class ClaimSettings:
     # and whether a done mark of it had landed before the pass (a replay of a done batch).
     token: str = ""
     token_done: bool = False
+    # Whether the claims this pass leaves BUSY are given up for good under the token, so no
+    # later attempt of its task takes them (claims.py): false only for a first pass whose BUSY
+    # rows another pass settles.
+    give_up_busy: bool = True
     # The Redis login the driver found in its environment (eoguard.credentials): executors
     # may not share that environment, so the tasks carry it.
     login: Mapping[str, Any] = field(default_factory=dict, repr=False)
@@ -70,6 +74,11 @@ class ClaimSettings:
                    lease_ms=int(options.lease_s * 1000), grace_ms=int(options.grace_s * 1000),
                    busy_wait_ms=int(options.busy_wait_s * 1000),
                    batch_size=options.claim_batch_size, ack_outbox=options.ack_outbox)
+
+    def first_pass(self) -> ClaimSettings:
+        """These settings for a claim pass that waits on nothing and leaves its BUSY rows to a
+        second pass, which waits on them and gives up those still BUSY for good."""
+        return replace(self, busy_wait_ms=0, give_up_busy=False)
 
     def keyspace(self) -> KeySpace:
         return KeySpace(prefix=self.key_prefix, shards=self.key_shards, max_ttl_ms=self.max_ttl_ms)
