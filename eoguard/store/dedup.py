@@ -7,7 +7,8 @@ one key per message plus one per batch and shard: a handled message's done mark 
 batch's. Fencing stays per key: settling a batch touches only the claims still naming its
 token. Every operation is one Lua call per batch (per hash slot on Redis Cluster); a batch's
 calls go out pipelined in one round trip. Claim keys expire at ``expires_at`` + grace (never
-past ``max_ttl`` + grace from now); a batch record outlives the claims it covers.
+past ``max_ttl`` + grace from now); a batch record outlives the claims it covers. The calls'
+arguments and replies are laid out by the scripts' bindings (:mod:`eoguard.store.bindings.dedup`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 from redis.cluster import RedisCluster
 
 from eoguard.errors import ClaimNotOwnedError, InvalidInputError, StoreError
+from eoguard.store.bindings import dedup as bindings
 from eoguard.store.client import RedisClient
 from eoguard.store.dedup_admin import read_entries, read_records
 from eoguard.store.dedup_shards import Groups, ScopeShards
@@ -44,7 +46,7 @@ from eoguard.store.dedup_types import (
 )
 from eoguard.store.keys import KeySpace
 from eoguard.store.replicas import ReplicaWait
-from eoguard.store.scripts import InFlight, Prepared, ScriptArg, ScriptCall, Scripts
+from eoguard.store.scripts import InFlight, Prepared, ScriptCall, Scripts
 
 __all__ = [
     "BatchRecord",
@@ -68,14 +70,6 @@ __all__ = [
     "parse_position",
     "position",
 ]
-
-_CLAIM = tuple(ClaimResult)  # by code: enum lookups by value are slow on the hot path
-_DONE = tuple(DoneResult)
-_RELEASE = tuple(ReleaseResult)
-_RENEW = tuple(RenewResult)
-_BUSY_CODE = 48 + ClaimResult.BUSY.value  # as the scripts write it: an ASCII digit
-_WITH_REASON = (48 + DoneResult.EFFECT_ERROR.value, 48 + DoneResult.PARTIAL.value)
-_OK = DoneResult.OK
 
 T = TypeVar("T")
 RecordKey = tuple[int, str]
@@ -161,43 +155,16 @@ class DedupStore:
         """
         _check_token(token)
         groups = self._shards.group(claims)
-        calls = []
-        grace, prefixes, passed = self.grace_ms, self._record_prefixes, self._passed_prefixes
-        for shards in self._shards.calls(groups):
-            keys = [prefixes[shard] + token for shard in shards]
-            keys += [passed[shard] + token for shard in shards]
-            argv: list[ScriptArg] = [token, self.lease_ms, grace, self.keys.max_ttl_ms,
-                                     len(shards), 1 if give_up_busy else 0]
-            for shard in shards:
-                argv += (prefixes[shard], self._reowned_prefixes[shard], len(groups[shard][0]))
-            for shard in shards:
-                members, claim_keys = groups[shard]
-                keys += claim_keys
-                for i in members:
-                    claim = claims[i]
-                    argv += (claim[1], claim[2] + grace)  # position, the key's PXAT
-            calls.append(ScriptCall("dedup_claim", keys, argv))
-        order = self._shards.order(groups)
-
-        def parse(replies: list[Any]) -> ClaimReport:
-            results: list[Any] = [None] * len(claims)
-            lease_ms: dict[int, int] = {}
-            holders: dict[int, str] = {}
-            at = 0
-            for codes, busy in replies:
-                members = order[at:at + len(codes)]
-                at += len(codes)
-                for i, code in zip(members, codes, strict=True):
-                    results[i] = _CLAIM[code - 48]  # ASCII digits
-                if busy:  # (lease left, holder) per BUSY claim, in order
-                    pairs = iter(busy)
-                    for i, code in zip(members, codes, strict=True):
-                        if code == _BUSY_CODE:
-                            lease_ms[i] = int(next(pairs))
-                            holders[i] = next(pairs).decode()
-            return ClaimReport(results, lease_ms, holders)
-
-        return Prepared(calls, parse)
+        records, reowned, passed = self._record_prefixes, self._reowned_prefixes, self._passed_prefixes
+        calls = [bindings.DedupClaim.build(
+            token=token, lease_ms=self.lease_ms, grace_ms=self.grace_ms,
+            max_ttl_ms=self.keys.max_ttl_ms, give_up_busy=give_up_busy, claims=claims,
+            groups=[bindings.ClaimGroup(records[shard] + token, passed[shard] + token,
+                                        records[shard], reowned[shard], *groups[shard])
+                    for shard in shards])
+            for shards in self._shards.calls(groups)]
+        order, size = self._shards.order(groups), len(claims)
+        return Prepared(calls, lambda replies: bindings.DedupClaim.parse(replies, order, size))
 
     # Done ------------------------------------------------------------------
     def done(self, token: str, claims: Sequence[Claim], *,
@@ -227,7 +194,7 @@ class DedupStore:
         calls: list[ScriptCall] = []
         simple_calls: list[bool] = []
         call_members: list[list[int]] = []  # per call, its claims in the order of its keys
-        bound = self.keys.max_ttl_ms + self.grace_ms
+        grace, records, reowned = self.grace_ms, self._record_prefixes, self._reowned_prefixes
         for shards in self._shards.calls(groups):
             members = [i for shard in shards for i in groups[shard][0]]
             call_members.append(members)
@@ -237,57 +204,21 @@ class DedupStore:
             # A lost record is written again with the latest claim PXAT, never past what a
             # claim may live: the script clamps it to Redis's now + max_ttl + grace, as the
             # claim script clamped the claims.
-            latest = [max(claims[i][2] for i in groups[shard][0]) + self.grace_ms
-                      for shard in shards]
-            keys = self._shards.done_keys(token, shards)
-            if simple:  # the common case: every message handled, none with effects
-                calls.append(ScriptCall("dedup_done", keys, [
-                    token, len(shards), 0, *(0 for _ in shards), *latest, bound, 1]))
-                simple_calls.append(True)
-                continue
-            argv: list[ScriptArg] = [token, len(shards), len(members),
-                                     *(len(groups[shard][0]) for shard in shards), *latest,
-                                     bound, 0]
-            for shard in shards:
-                keys += groups[shard][1]
-            index: dict[str, int] = {}
-            for i in members:
-                ok = handled is None or handled[i]
-                own = (effects or {}).get(claims[i][0], ()) if ok else ()
-                argv += (claims[i][1], 1 if ok else 0, len(own))
-                for eff in own:
-                    if eff.key not in index:
-                        keys.append(eff.key)
-                        index[eff.key] = len(keys)
-                    argv += (eff.command.upper(), index[eff.key], len(eff.args), *eff.args)
-            calls.append(ScriptCall("dedup_done", keys, argv))
-            simple_calls.append(False)
+            calls.append(bindings.DedupDone.build(
+                token=token, bound_ms=self.keys.max_ttl_ms + grace, simple=simple,
+                claims=claims, handled=handled, effects=effects,
+                groups=[bindings.DoneGroup(records[shard] + token, reowned[shard] + token,
+                                           *groups[shard],
+                                           max(claims[i][2] for i in groups[shard][0]) + grace)
+                        for shard in shards]))
+            simple_calls.append(simple)
         count = len(calls)
         calls += extra
 
         def parse(replies: list[Any]) -> DoneReport:
-            results: list[Any] = [_OK] * len(claims)
-            details: dict[int, str] = {}
-            by_key: dict[bytes, int] | None = None
-            for (codes, reasons, reowned), simple, members in zip(
-                    replies[:count], simple_calls, call_members, strict=True):
-                if simple:  # no code per claim: OK, but for the re-owned keys listed
-                    if reowned:
-                        if by_key is None:
-                            by_key = {claims[i][4].encode() or self.key(claims[i][0]).encode(): i
-                                      for i in range(len(claims))}
-                        pairs = iter(reowned)
-                        for key, code in zip(pairs, pairs, strict=True):
-                            results[by_key[key]] = _DONE[int(code)]
-                    continue
-                for i, code in zip(members, codes, strict=True):
-                    results[i] = _DONE[code - 48]
-                if reasons:  # one per EFFECT_ERROR or PARTIAL, in order
-                    reason = iter(reasons)
-                    for i, code in zip(members, codes, strict=True):
-                        if code in _WITH_REASON:
-                            details[i] = next(reason).decode()
-            return DoneReport(results, details)
+            return bindings.DedupDone.parse(replies[:count], simple_calls, call_members,
+                                            len(claims),
+                                            lambda i: claims[i][4] or self.key(claims[i][0]))
 
         return Prepared(calls, parse)
 
@@ -309,10 +240,12 @@ class DedupStore:
         _check_token(token)
         wanted = range(self.keys.shards) if shards is None else sorted(set(shards))
         groups: Groups = {shard: ([], []) for shard in wanted}
-        calls = [ScriptCall("dedup_done", self._shards.done_keys(token, call_shards),
-                            [token, len(call_shards), 0, *(0 for _ in call_shards),
-                             *(0 for _ in call_shards), self.keys.max_ttl_ms + self.grace_ms, 1])
-                 for call_shards in self._shards.calls(groups)]
+        records, reowned = self._record_prefixes, self._reowned_prefixes
+        calls = [bindings.DedupDone.build(
+            token=token, bound_ms=self.keys.max_ttl_ms + self.grace_ms, simple=True,
+            groups=[bindings.DoneGroup(records[shard] + token, reowned[shard] + token, [], [], 0)
+                    for shard in call_shards])
+            for call_shards in self._shards.calls(groups)]
         return Prepared(calls, lambda _replies: None)
 
     def batch_records(self, token: str, shards: Sequence[int] | None = None
@@ -344,23 +277,11 @@ class DedupStore:
         _check_token(token)
         groups = self._shards.group(claims)
         prefixes = self._record_prefixes
-        calls = []
-        for shards in self._shards.calls(groups):
-            keys = [prefixes[shard] + token for shard in shards]
-            for shard in shards:
-                keys += groups[shard][1]
-            calls.append(ScriptCall("dedup_release", keys, [
-                token, len(shards), *(len(groups[shard][0]) for shard in shards)]))
-        order = self._shards.order(groups)
-
-        def parse(replies: list[Any]) -> list[ReleaseResult]:
-            results: list[Any] = [None] * len(claims)
-            codes = b"".join(replies)
-            for i, code in zip(order, codes, strict=True):
-                results[i] = _RELEASE[code - 48]
-            return results
-
-        return Prepared(calls, parse)
+        calls = [bindings.DedupRelease.build(token=token, groups=[
+            bindings.ReleaseGroup(prefixes[shard] + token, groups[shard][1]) for shard in shards])
+            for shards in self._shards.calls(groups)]
+        order, size = self._shards.order(groups), len(claims)
+        return Prepared(calls, lambda replies: bindings.DedupRelease.parse(replies, order, size))
 
     def renew(self, records: Sequence[RecordKey], lease_ms: int | None = None
               ) -> list[RenewResult]:
@@ -382,17 +303,10 @@ class DedupStore:
             for i, (shard, _) in enumerate(records):
                 by_shard.setdefault(shard, []).append(i)
             batches = list(by_shard.values())
-        calls = [ScriptCall("dedup_renew", [records[i][1] for i in members], [lease])
+        calls = [bindings.DedupRenew.build(records=[records[i][1] for i in members], lease_ms=lease)
                  for members in batches]
-
-        def parse(replies: list[Any]) -> list[RenewResult]:
-            results: list[Any] = [None] * len(records)
-            for members, codes in zip(batches, replies, strict=True):
-                for i, code in zip(members, codes, strict=True):
-                    results[i] = _RENEW[code - 48]
-            return results
-
-        return Prepared(calls, parse)
+        size = len(records)
+        return Prepared(calls, lambda replies: bindings.DedupRenew.parse(replies, batches, size))
 
     # Round trips -----------------------------------------------------------
     def run(self, prepared: Sequence[Prepared[Any]], doing: str = "claiming and marking done"

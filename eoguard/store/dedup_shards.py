@@ -52,11 +52,6 @@ class ScopeShards:
             return []
         return [list(groups)] if self.one_call else [[shard] for shard in groups]
 
-    def done_keys(self, token: str, shards: Sequence[int]) -> list[str]:
-        """The batch records, then the re-owned hashes, of the pass ``token`` on ``shards``."""
-        return [*(self.record_prefixes[shard] + token for shard in shards),
-                *(self.reowned_prefixes[shard] + token for shard in shards)]
-
     @staticmethod
     def order(groups: Groups) -> list[int]:
         """The claims' indexes in the order the calls list their keys."""

@@ -9,35 +9,16 @@ skewed clocks agree on who is live.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import redis
 
-from eoguard.store.client import RedisClient, reply_text, wrap_redis_error
+from eoguard.store.bindings.liveness import Heartbeat, LiveHeartbeat, LiveRead, LiveSet
+from eoguard.store.client import RedisClient, wrap_redis_error
 from eoguard.store.keys import KeySpace
-from eoguard.store.scripts import Prepared, ScriptCall, Scripts
+from eoguard.store.scripts import Prepared, Scripts
 
 __all__ = ["Heartbeat", "LiveSet", "Liveness"]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Heartbeat:
-    """Redis time of a renewal and the number of live leases after it."""
-
-    now_ms: int
-    live_count: int
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LiveSet:
-    """The live instances and their lease deadlines, as read at ``read_at_ms`` (Redis time)."""
-
-    read_at_ms: int
-    deadlines: dict[str, int]
-
-    def is_live(self, instance_id: str) -> bool:
-        return instance_id in self.deadlines
 
 
 class Liveness:
@@ -59,17 +40,14 @@ class Liveness:
     def prepare_heartbeat(self, instance_id: str, lease_ms: int) -> Prepared[Heartbeat]:
         """The call of :meth:`heartbeat`, to send along with others in one round trip."""
         def parse(replies: list[Any]) -> Heartbeat:
-            return Heartbeat(now_ms=int(replies[0][0]), live_count=int(replies[0][1]))
+            return LiveHeartbeat.parse(replies[0])
 
-        return Prepared([ScriptCall("live_heartbeat", [self.key], [instance_id, lease_ms])], parse)
+        return Prepared([LiveHeartbeat.build(live_set=self.key, instance_id=instance_id,
+                                             lease_ms=lease_ms)], parse)
 
     def live(self) -> LiveSet:
         """The instances whose lease has not lapsed, with the Redis time of the read."""
-        reply = self.scripts.run_one(ScriptCall("live_read", [self.key], []))
-        pairs = reply[1:]
-        return LiveSet(read_at_ms=int(reply[0]),
-                       deadlines={reply_text(pairs[i]): int(float(pairs[i + 1]))
-                                  for i in range(0, len(pairs), 2)})
+        return LiveRead.parse(self.scripts.run_one(LiveRead.build(live_set=self.key)))
 
     def live_count(self) -> int:
         """How many producers hold a live lease."""

@@ -8,7 +8,8 @@ case. Each shard's index (a sorted set by next-resend time) holds the pending re
 so a published record is never resent however slow its consumer is. The record's value
 layout is in :mod:`eoguard.store.outbox_types`.
 
-Every operation is a Lua script (``eoguard/store/lua/outbox_*.lua``). A producer's writes
+Every operation is a Lua script (``eoguard/store/lua/outbox_*.lua``), called through its
+binding (:mod:`eoguard.store.bindings.outbox`). A producer's writes
 and publish marks (``outbox_write.lua``) cover every shard of a batch in one script call (one
 AOF fsync per batch), except on Redis Cluster, where a script's keys must share a slot:
 there a batch sends one call per shard, pipelined in one round trip. The consumer's acks
@@ -19,11 +20,18 @@ per shard.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from redis.cluster import RedisCluster
 
 from eoguard.modes import KeepUntil
+from eoguard.store.bindings.outbox import (
+    OutboxAck,
+    OutboxClaimForResend,
+    OutboxWrite,
+    PutGroup,
+    ShardIds,
+    WriteReply,
+)
 from eoguard.store.client import RedisClient, reply_text
 from eoguard.store.keys import KeySpace
 from eoguard.store.outbox_types import (
@@ -36,9 +44,8 @@ from eoguard.store.outbox_types import (
     RecordState,
     StoredRecord,
     parse_record,
-    record_body,
 )
-from eoguard.store.scripts import ScriptArg, ScriptCall, Scripts
+from eoguard.store.scripts import ScriptCall, Scripts
 
 __all__ = [
     "ClaimBatch",
@@ -85,13 +92,11 @@ class Outbox:
                 members.append(message_id)
         return groups
 
-    def _per_shard_calls(self, script: str, ids: Iterable[str]) -> list[ScriptCall]:
-        calls = []
-        for shard, members in self._by_shard(ids).items():
-            prefix = self._record_prefix(shard, members[0])
-            calls.append(ScriptCall(script, [self.keys.outbox_index(shard),
-                                             *(prefix + m for m in members)], members))
-        return calls
+    def _shard_ids(self, groups: Mapping[int, list[str]]) -> list[ShardIds]:
+        """Ids by shard as the scripts' bindings take them: with their keys' shard index and
+        record prefix."""
+        return [ShardIds(self.keys.outbox_index(shard), self._record_prefix(shard, ids[0]), ids)
+                for shard, ids in groups.items()]
 
     # Writes: new records and publish marks --------------------------------------------
     def write(self, records: Sequence[OutboxEntry] = (), *, owner: str, keep_until: KeepUntil,
@@ -121,36 +126,24 @@ class Outbox:
         else:
             chunks = [(marks, puts)] if marks or puts else []
         calls = []
-        ordered: list[list[OutboxEntry]] = []
-        keep = keep_until.value.encode()
+        ordered: list[list[OutboxEntry]] = []  # per call, the entries it stores, in order
         for mark_groups, put_groups in chunks:
-            keys: list[str] = []
-            args: list[ScriptArg] = [owner, resend_after_ms, keep_until.value,
-                                     len(mark_groups), len(put_groups), self.keys.max_ttl_ms]
-            args += [len(m) for m in mark_groups.values()]
-            args += [len(m) for m in put_groups.values()]
-            prefixes = [self._record_prefix(shard, ids[0]) for shard, ids in mark_groups.items()]
-            prefixes += [self._record_prefix(shard, members[0].id)
-                         for shard, members in put_groups.items()]
-            args += [len(prefix) for prefix in prefixes]
-            for (shard, ids), prefix in zip(mark_groups.items(), prefixes, strict=False):
-                keys.append(self.keys.outbox_index(shard))
-                keys += [prefix + i for i in ids]
+            stored = [PutGroup(self.keys.outbox_index(shard),
+                               self._record_prefix(shard, members[0].id), members)
+                      for shard, members in put_groups.items()]
+            calls.append(OutboxWrite.build(
+                owner=owner, resend_after_ms=resend_after_ms, keep_until=keep_until,
+                max_ttl_ms=self.keys.max_ttl_ms, marks=self._shard_ids(mark_groups), puts=stored))
             in_call: list[OutboxEntry] = []
-            for (shard, members), prefix in zip(put_groups.items(), prefixes[len(mark_groups):],
-                                                strict=True):
-                keys.append(self.keys.outbox_index(shard))
-                for rec in members:
-                    keys.append(prefix + rec.id)
-                    args += (rec.expires_at_ms, record_body(rec, keep))
-                in_call += members
-            calls.append(ScriptCall("outbox_write", keys, args))
+            for group in stored:
+                in_call += group.entries
             ordered.append(in_call)
-        replies = self.scripts.run(calls, doing="writing the outbox")
+        replies = [OutboxWrite.parse(reply)
+                   for reply in self.scripts.run(calls, doing="writing the outbox")]
         return (_put_result(records, ordered, replies),
-                PublishResult(kept=sum(int(r[1]) for r in replies),
-                              deleted=sum(int(r[2]) for r in replies),
-                              missing=sum(int(r[3]) for r in replies)))
+                PublishResult(kept=sum(r.kept for r in replies),
+                              deleted=sum(r.deleted for r in replies),
+                              missing=sum(r.missing for r in replies)))
 
     def put(self, records: Sequence[OutboxEntry], *, owner: str, keep_until: KeepUntil,
             resend_after_ms: int) -> PutResult:
@@ -167,25 +160,15 @@ class Outbox:
         """The script calls of :meth:`ack`, for a caller that pipelines them with its own: one
         call for every shard on a single node (a consumer acks with each done mark, so a call
         per shard was up to 16 script runs a round trip), one per shard on a cluster."""
-        groups = self._by_shard(ids)
-        chunks = [{s: m} for s, m in groups.items()] if self.per_shard else [groups] if groups else []
-        calls = []
-        for chunk in chunks:
-            keys: list[str] = []
-            ordered: list[str] = []
-            for shard, members in chunk.items():
-                prefix = self._record_prefix(shard, members[0])
-                keys.append(self.keys.outbox_index(shard))
-                keys += [prefix + m for m in members]
-                ordered += members
-            calls.append(ScriptCall("outbox_ack", keys,
-                                    [len(chunk), *(len(m) for m in chunk.values()), *ordered]))
-        return calls
+        groups = self._shard_ids(self._by_shard(ids))
+        if self.per_shard:
+            return [OutboxAck.build([group]) for group in groups]
+        return [OutboxAck.build(groups)] if groups else []
 
     def ack(self, ids: Iterable[str]) -> int:
         """The consumer's end-to-end ack: delete the records; returns how many existed."""
         replies = self.scripts.run(self.ack_calls(ids), doing="acknowledging outbox records")
-        return sum(int(r) for r in replies)
+        return sum(OutboxAck.parse(reply) for reply in replies)
 
     # Resend ----------------------------------------------------------------------------
     def claim_for_resend(self, *, claimer: str, live_owners: Iterable[str],
@@ -221,24 +204,22 @@ class Outbox:
                 if not ids:
                     del offsets[shard]
                     continue
-                prefix = self._record_prefix(shard, ids[0])
-                keys = [self.keys.outbox_index(shard), *(prefix + i for i in ids)]
-                calls.append(ScriptCall("outbox_claim_for_resend", keys,
-                                        [claimer, resend_after_ms, live_read_at_ms,
-                                         len(live), *live, *ids]))
+                calls.append(OutboxClaimForResend.build(
+                    group=self._shard_ids({shard: ids})[0], claimer=claimer,
+                    resend_after_ms=resend_after_ms, live_read_at_ms=live_read_at_ms, live=live))
                 called.append((shard, len(ids)))
             replies = self.scripts.run(calls, doing="claiming outbox records for resend")
             # Step 3.
-            for (shard, n), reply in zip(called, replies, strict=True):
-                claimed = [self._claimed(item) for item in reply[3:]]
-                records += claimed
-                swept += int(reply[1])
-                expired += int(reply[2])
+            for (shard, n), reply in zip(called, map(OutboxClaimForResend.parse, replies),
+                                         strict=True):
+                records += reply.claimed
+                swept += reply.swept
+                expired += reply.expired
                 scanned += n
                 if n < page_size:
                     del offsets[shard]
                 else:
-                    offsets[shard] += n - len(claimed) - int(reply[1]) - int(reply[2])
+                    offsets[shard] += n - len(reply.claimed) - reply.swept - reply.expired
         return ClaimBatch(records=records, swept=swept, expired=expired, scanned=scanned)
 
     def claim_ids_for_resend(self, ids: Sequence[str], *, claimer: str,
@@ -250,20 +231,15 @@ class Outbox:
         due or owned by an owner not in ``live_owners``; absent ones are skipped.
         """
         live = sorted(set(live_owners))
-        calls = [ScriptCall(c.script, c.keys,
-                            [claimer, resend_after_ms, live_read_at_ms, len(live), *live, *c.args])
-                 for c in self._per_shard_calls("outbox_claim_for_resend", dict.fromkeys(ids))]
-        replies = self.scripts.run(calls, doing="claiming outbox records for resend")
-        return ClaimBatch(records=[self._claimed(item) for r in replies for item in r[3:]],
-                          swept=sum(int(r[1]) for r in replies),
-                          expired=sum(int(r[2]) for r in replies), scanned=len(ids))
-
-    @staticmethod
-    def _claimed(item: Sequence[Any]) -> ClaimedRecord:
-        f = parse_record(bytes(item[2]))
-        return ClaimedRecord(id=reply_text(item[0]), topic=f.topic, key=f.key, value=f.value,
-                             headers=f.headers, attempt=f.attempt, keep_until=f.keep_until,
-                             expires_at_ms=f.expires_at_ms, previous_owner=reply_text(item[1]))
+        calls = [OutboxClaimForResend.build(group=group, claimer=claimer,
+                                            resend_after_ms=resend_after_ms,
+                                            live_read_at_ms=live_read_at_ms, live=live)
+                 for group in self._shard_ids(self._by_shard(dict.fromkeys(ids)))]
+        replies = [OutboxClaimForResend.parse(reply) for reply in
+                   self.scripts.run(calls, doing="claiming outbox records for resend")]
+        return ClaimBatch(records=[rec for r in replies for rec in r.claimed],
+                          swept=sum(r.swept for r in replies),
+                          expired=sum(r.expired for r in replies), scanned=len(ids))
 
     # Inspection ------------------------------------------------------------------------
     def get(self, message_id: str) -> StoredRecord | None:
@@ -298,17 +274,17 @@ class Outbox:
 
 
 def _put_result(records: Sequence[OutboxEntry], ordered: list[list[OutboxEntry]],
-                replies: list[Any]) -> PutResult:
+                replies: list[WriteReply]) -> PutResult:
     """What ``outbox_write`` stored, found present and found expired, from its replies (each
     lists the entries it did not store by their position in its call)."""
     existing: list[OutboxEntry] = []
     expired: list[str] = []
     refused: set[int] = set()  # by identity: two entries of one id may differ in fate
     for in_call, reply in zip(ordered, replies, strict=True):
-        for i in range(5, len(reply), 2):
-            entry = in_call[int(reply[i]) - 1]
+        for position, code in reply.refused:
+            entry = in_call[position - 1]
             refused.add(id(entry))
-            if int(reply[i + 1]) == 0:
+            if code == 0:
                 existing.append(entry)
             else:
                 expired.append(entry.id)

@@ -13,12 +13,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from eoguard.store.bindings.outbox import OutboxSweep
 from eoguard.store.client import RedisClient, reply_text
 from eoguard.store.keys import KeySpace
 from eoguard.store.outbox import RecordState
 from eoguard.store.outbox_types import parse_record
 from eoguard.store.scan import scan_pages
-from eoguard.store.scripts import ScriptCall, Scripts
+from eoguard.store.scripts import Scripts
 
 __all__ = ["IndexStats", "RecordSummary", "index_stats", "read_records", "scan_records", "sweep_index"]
 
@@ -106,10 +107,9 @@ def sweep_index(client: RedisClient, keys: KeySpace, *, dry_run: bool, page_size
             cursor, members = scripts.execute(pipe, doing="reading the outbox index")[0]
             ids = [reply_text(member) for member, _ in members]
             if ids:
-                reply = scripts.run_one(ScriptCall(
-                    "outbox_sweep", [index, *(keys.outbox_record(i) for i in ids)],
-                    ["1" if dry_run else "0", *ids]))
-                found += [reply_text(i) for i in reply]
+                found += OutboxSweep.parse(scripts.run_one(OutboxSweep.build(
+                    index=index, records=[keys.outbox_record(i) for i in ids], ids=ids,
+                    dry_run=dry_run)))
             if int(cursor) == 0:
                 break
     return found

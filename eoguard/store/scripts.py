@@ -1,6 +1,7 @@
 """eoguard's Lua scripts: loaded once from ``eoguard/store/lua``, run by SHA, batched.
 
-Each ``.lua`` file is one atomic operation with its contract in its header. Calls go out as
+Each ``.lua`` file is one atomic operation with its contract in its header; its binding
+(:mod:`eoguard.store.bindings`) builds its calls and reads its replies. Calls go out as
 EVALSHA in one pipeline per batch: one round trip. A server that lost its script cache
 (restart, failover, SCRIPT FLUSH) answers NOSCRIPT; only those calls are loaded and resent.
 redis-py's own ``register_script`` in a pipeline asks SCRIPT EXISTS before every execute,

@@ -2,50 +2,54 @@
 -- (dedup v2: the lease and the done mark are the batch's, one record per shard).
 --
 -- The claims come in g groups, one per shard: on Redis Cluster g = 1 (a call touches one hash
--- slot); on a single node one call serves every shard of the batch.
--- KEYS[1..g]   = the batch record of (scope, token, shard) of each group: KeySpace.dedup_batch
--- KEYS[g+1..2g] = the passed hash of (scope, token, shard) of each group: KeySpace.dedup_passed
---                (position -> 1: claims an attempt of this token gave up as BUSY for good)
--- KEYS[2g+1..2g+n] = the claim keys (KeySpace.dedup(scope, id)), group after group
--- KEYS[2g+n+1..] = undeclared keys this script asked for (see "need" below), if any
--- ARGV[1]      = token: unique per claim pass, no '|'
--- ARGV[2]      = lease length in ms (the deadline is taken from the server clock: TIME)
--- ARGV[3]      = grace in ms: the claim key of a message expires at expires_at + grace
--- ARGV[4]      = max_ttl in ms: no key outlives now + max_ttl + grace, whatever a record says
--- ARGV[5]      = g
--- ARGV[6]      = '1' when the claims left BUSY are given up for good (a Spark task's last
---                claim of a row: every later attempt of the token then finds it PASSED, so
---                all attempts of a task agree on it); '0' otherwise
--- ARGV[4+3j]   = for group j = 1..g: the batch record key of its scope and shard without the
---                token (the record of a token a claim key names is that .. token: same hash
---                tag, same slot)
--- ARGV[5+3j]   = for group j: the re-owned hash key of its scope and shard without the token
---                (KeySpace.dedup_reowned)
--- ARGV[6+3j]   = for group j: its number of claims
--- then, for each claim i in KEYS order, two arguments: its position (its record as this
---                reader sees it: KeySpace.position) and its expires_at + grace, epoch ms (its
---                key's PXAT, computed by the caller so this loop formats no number per key)
--- returns      = {codes, busy}: codes is a string with one digit per claim, in KEYS order;
---                busy lists, for each BUSY claim in order, two items: the lease left in ms
---                and the token of the batch holding it:
---                0 NEW         absent -> claimed; or held at another position by a batch
---                              whose lease lapsed (or whose record is gone) -> taken over
---                1 MINE        held at this same position (this reader reads this record
---                              again) by a batch not done -> now under this token; the key
---                              is noted in the holder's re-owned hash (claim key -> position),
---                              so the holder's done marks take it back if they land first
---                2 DONE_HERE   held at this same position by a done batch: handled already
---                              (a consumer skips it; a Spark replay keeps its row)
---                3 DUPLICATE   held at another position by a done batch, or PARTIAL there
---                4 BUSY        held at another position by a batch whose lease is live
---                5 EXPIRED     expires_at has passed by the server clock; nothing written
---                6 PARTIAL     marked PARTIAL at this same position (its effects half applied
---                              by an earlier attempt): dead-letter it, never handle it
---                7 STALE       this token's batch is done: nothing is claimed under it
---                8 PASSED      an attempt of this token gave this position up as BUSY for good
---                              (ARGV[6]): nothing written
---              or {'?', key, ...}: nothing was written; call again with these keys declared
---                (appended to KEYS).
+-- slot); on a single node one call serves every shard of the batch. n claims in all.
+--
+-- KEYS[1..g]       = record: the batch record of (scope, token, shard) of each group:
+--                    KeySpace.dedup_batch
+-- KEYS[1+g..2g]    = passed: the passed hash of (scope, token, shard) of each group:
+--                    KeySpace.dedup_passed (position -> 1: claims an attempt of this token gave
+--                    up as BUSY for good)
+-- KEYS[1+2g..2g+n] = claim_key: the claim keys (KeySpace.dedup(scope, id)), group after group
+-- KEYS[1+2g+n..]   = asked: undeclared keys this script asked for (see "need" below), if any
+-- ARGV[1]          = token: unique per claim pass, no '|'
+-- ARGV[2]          = lease_ms: lease length (the deadline is taken from the server clock: TIME)
+-- ARGV[3]          = grace_ms: the claim key of a message expires at expires_at + grace
+-- ARGV[4]          = max_ttl_ms: no key outlives now + max_ttl + grace, whatever a record says
+-- ARGV[5]          = groups: g
+-- ARGV[6]          = give_up_busy: '1' when the claims left BUSY are given up for good (a Spark
+--                    task's last claim of a row: every later attempt of the token then finds it
+--                    PASSED, so all attempts of a task agree on it); '0' otherwise
+-- ARGV[4+3j]       = record_prefix: for group j = 1..g, the batch record key of its scope and
+--                    shard without the token (the record of a token a claim key names is
+--                    that .. token: same hash tag, same slot)
+-- ARGV[5+3j]       = reowned_prefix: for group j, the re-owned hash key of its scope and shard
+--                    without the token (KeySpace.dedup_reowned)
+-- ARGV[6+3j]       = claims: for group j, its number of claims
+-- ARGV[5+3g+2i]    = position: for claim i = 1..n, in KEYS order, its position (its record as
+--                    this reader sees it: KeySpace.position)
+-- ARGV[6+3g+2i]    = pxat: for claim i, its expires_at + grace, epoch ms (its key's PXAT,
+--                    computed by the caller so this loop formats no number per key)
+-- returns          = {codes, busy}: codes is a string with one digit per claim, in KEYS order;
+--                    busy lists, for each BUSY claim in order, [busy: lease_ms, holder]: the
+--                    lease left in ms and the token of the batch holding it:
+--                    0 NEW         absent -> claimed; or held at another position by a batch
+--                                  whose lease lapsed (or whose record is gone) -> taken over
+--                    1 MINE        held at this same position (this reader reads this record
+--                                  again) by a batch not done -> now under this token; the key
+--                                  is noted in the holder's re-owned hash (claim key -> position),
+--                                  so the holder's done marks take it back if they land first
+--                    2 DONE_HERE   held at this same position by a done batch: handled already
+--                                  (a consumer skips it; a Spark replay keeps its row)
+--                    3 DUPLICATE   held at another position by a done batch, or PARTIAL there
+--                    4 BUSY        held at another position by a batch whose lease is live
+--                    5 EXPIRED     expires_at has passed by the server clock; nothing written
+--                    6 PARTIAL     marked PARTIAL at this same position (its effects half applied
+--                                  by an earlier attempt): dead-letter it, never handle it
+--                    7 STALE       this token's batch is done: nothing is claimed under it
+--                    8 PASSED      an attempt of this token gave this position up as BUSY for good
+--                                  (give_up_busy): nothing written
+--                  or {'?', key, ...}: nothing was written; call again with these keys declared
+--                    (appended to KEYS).
 --
 -- Keys this script does not declare: the record and the re-owned hash of a token a claim key
 -- names. Every one is read before the first write, and a missing one is not trusted unless

@@ -4,53 +4,71 @@
 -- taken back, below) are touched.
 --
 -- The claims come in g groups, one per shard: on Redis Cluster g = 1 (a call touches one hash
--- slot); on a single node one call serves every shard of the batch.
--- KEYS[1..g]   = the batch record of (scope, token, shard) of each group: KeySpace.dedup_batch
--- KEYS[g+1..2g] = the re-owned hash of (scope, token, shard) of each group:
---                KeySpace.dedup_reowned (claim key -> position, written by dedup_claim.lua)
--- KEYS[2g+1..2g+n] = the claim keys of every message the pass claimed, group after group;
---                none when the pass is simple (below)
--- KEYS[2g+n+1..] = effect keys the messages' commands write (on Redis Cluster: the same hash
---                slot, which is why handlers build them with the claim key's hash tag); never
---                a dedup key (a claim key or batch record under KEYS[1]'s prefix, of any scope
---                or message): a command on one is refused (EFFECT_ERROR)
--- ARGV[1]      = token
--- ARGV[2]      = g
--- ARGV[3]      = n: the number of claim keys passed (0 when simple)
--- ARGV[3+j]    = for group j = 1..g: its number of claim keys passed
--- ARGV[3+g+j]  = for group j: the latest PXAT of its claims (a lost record is written again
---                with it), or 0 when unknown (then a lost record stays lost)
--- ARGV[4+2g]   = max_ttl + grace in ms: a lost record written again expires no later than
---                Redis's now + this (the bound every claim key was clamped to)
--- ARGV[5+2g]   = '1' when the pass is simple: every message handled and none with effects
---                (the common case: nothing follows, and no claim key is read: the record's
---                done mark covers every claim still naming the token); '0' otherwise, and
---                then for each message i = 1..n, in order: its position, handled ('1') or let
---                go ('0': failed, refused, expired, dropped), command count c, and c commands,
---                each: NAME, index of its key in KEYS, argument count a, a arguments
---                (lib/effects.lua says which commands and options)
--- KEYS[...]    = after them, undeclared keys this script asked for (see "or" below), if any
--- returns      = {codes, details, reowned}: codes is a string with one digit per claim key
---                passed, in order; details lists, for each EFFECT_ERROR and PARTIAL in order,
---                the reason; reowned lists, for each key of the re-owned hashes this call did
---                not settle as OK, the key and its code (a digit), flat:
---                0 OK            handled and ours: its effects applied, done with the batch
---                1 NOT_OWNED     the key names another token at another position (taken over),
---                                or the message was let go and another pass re-owned it: left alone
---                2 ALREADY_DONE  this batch was done before, the key is PARTIAL, or the pass that
---                                re-owned it was done first: nothing applied
---                3 EFFECT_ERROR  a command would fail (wrong type, not an integer, overflow, bad
---                                arguments, a read of the check refused) or its first one did:
---                                nothing applied, the claim deleted (a retry claims anew)
---                4 ABSENT        no claim key (its TTL ran out, it was forgotten, a failover lost
---                                it): nothing applied; the caller claims again
---                5 PARTIAL       a later command failed although the check passed (an ACL, a case
---                                the check does not model): the ones before it ARE applied and
---                                Redis cannot roll them back, so the key is marked
---                                "p|<token>|<position>": done for every reader, never applied
---                                again; the caller dead-letters it instead of retrying
---                6 RELEASED      let go and still ours: the claim deleted (a retry claims anew)
---              or {'?', key, ...}: nothing was written; call again with these keys declared.
+-- slot); on a single node one call serves every shard of the batch. n claim keys are passed
+-- in all (none when the pass is simple, below), and e effect keys.
+--
+-- KEYS[1..g]           = record: the batch record of (scope, token, shard) of each group:
+--                        KeySpace.dedup_batch
+-- KEYS[1+g..2g]        = reowned: the re-owned hash of (scope, token, shard) of each group:
+--                        KeySpace.dedup_reowned (claim key -> position, written by
+--                        dedup_claim.lua)
+-- KEYS[1+2g..2g+n]     = claim_key: the claim keys of every message the pass claimed, group
+--                        after group; none when the pass is simple
+-- KEYS[1+2g+n..2g+n+e] = effect_key: effect keys the messages' commands write (on Redis
+--                        Cluster: the same hash slot, which is why handlers build them with the
+--                        claim key's hash tag); never a dedup key (a claim key or batch record
+--                        under KEYS[1]'s prefix, of any scope or message): a command on one is
+--                        refused (EFFECT_ERROR)
+-- KEYS[1+2g+n+e..]     = asked: undeclared keys this script asked for (see "or" below), if any
+-- ARGV[1]              = token
+-- ARGV[2]              = groups: g
+-- ARGV[3]              = claims: n, the number of claim keys passed (0 when simple)
+-- ARGV[4..3+g]         = count: per group, its number of claim keys passed
+-- ARGV[4+g..3+2g]      = latest_pxat: per group, the latest PXAT of its claims (a lost record
+--                        is written again with it), or 0 when unknown (then a lost record
+--                        stays lost)
+-- ARGV[4+2g]           = bound_ms: max_ttl + grace in ms: a lost record written again expires
+--                        no later than Redis's now + this (the bound every claim key was
+--                        clamped to)
+-- ARGV[5+2g]           = simple: '1' when the pass is simple: every message handled and none
+--                        with effects (the common case: nothing follows, and no claim key is
+--                        read: the record's done mark covers every claim still naming the
+--                        token); '0' otherwise
+-- ARGV[6+2g..]         = messages: when not simple, for each message i = 1..n, in order, the
+--                        row [message: position, handled, commands]: handled is '1', or '0'
+--                        when let go (failed, refused, expired, dropped); then its commands,
+--                        each [command: name, key, argc, args...]: key is the index of its key
+--                        in KEYS, argc the number of args (lib/effects.lua says which commands
+--                        and options)
+-- returns              = {codes, details, reowned}: codes is a string with one digit per
+--                        claim key passed, in order; details lists, for each EFFECT_ERROR and
+--                        PARTIAL in order, the reason; reowned lists, for each key of the
+--                        re-owned hashes this call did not settle as OK, [reowned: key, code]
+--                        (code a digit), flat:
+--                        0 OK            handled and ours: its effects applied, done with the
+--                                        batch
+--                        1 NOT_OWNED     the key names another token at another position
+--                                        (taken over), or the message was let go and another
+--                                        pass re-owned it: left alone
+--                        2 ALREADY_DONE  this batch was done before, the key is PARTIAL, or the
+--                                        pass that re-owned it was done first: nothing applied
+--                        3 EFFECT_ERROR  a command would fail (wrong type, not an integer,
+--                                        overflow, bad arguments, a read of the check refused)
+--                                        or its first one did: nothing applied, the claim
+--                                        deleted (a retry claims anew)
+--                        4 ABSENT        no claim key (its TTL ran out, it was forgotten, a
+--                                        failover lost it): nothing applied; the caller claims
+--                                        again
+--                        5 PARTIAL       a later command failed although the check passed (an
+--                                        ACL, a case the check does not model): the ones before
+--                                        it ARE applied and Redis cannot roll them back, so the
+--                                        key is marked "p|<token>|<position>": done for every
+--                                        reader, never applied again; the caller dead-letters
+--                                        it instead of retrying
+--                        6 RELEASED      let go and still ours: the claim deleted (a retry
+--                                        claims anew)
+--                      or {'?', key, ...}: nothing was written; call again with these keys
+--                        declared.
 --
 -- A handled claim re-owned by another pass of the same position (this reader claimed the
 -- record again: a rebalance, a rewind) that is not done is taken back, and settled as this

@@ -1,17 +1,20 @@
 -- dedup_release.lua: give claims of a batch back (records dropped on a revoke), only those
 -- still naming its token; the batch itself goes on (its other claims are untouched).
 --
--- The claims come in g groups, one per shard (g = 1 on Redis Cluster, as in dedup_claim.lua).
--- KEYS[1..g]   = the batch record of (scope, token, shard) of each group: KeySpace.dedup_batch
--- KEYS[g+1..]  = the claim keys, group after group
--- ARGV[1]      = token
--- ARGV[2]      = g
--- ARGV[2+j]    = for group j = 1..g: its number of claims
--- returns      = a string with one digit per claim key, in order:
---                0 OK            the claim named the token and is deleted
---                1 NOT_OWNED     absent, or naming another token: nothing changed
---                2 ALREADY_DONE  the batch is done, or the key is PARTIAL: the key stays (it
---                                keeps catching duplicates)
+-- The claims come in g groups, one per shard (g = 1 on Redis Cluster, as in dedup_claim.lua);
+-- n claims in all.
+--
+-- KEYS[1..g]     = record: the batch record of (scope, token, shard) of each group:
+--                  KeySpace.dedup_batch
+-- KEYS[1+g..g+n] = claim_key: the claim keys, group after group
+-- ARGV[1]        = token
+-- ARGV[2]        = groups: g
+-- ARGV[3..2+g]   = count: per group, its number of claims
+-- returns        = codes: a string with one digit per claim key, in order:
+--                  0 OK            the claim named the token and is deleted
+--                  1 NOT_OWNED     absent, or naming another token: nothing changed
+--                  2 ALREADY_DONE  the batch is done, or the key is PARTIAL: the key stays (it
+--                                  keeps catching duplicates)
 
 --!include dedup_values
 

@@ -4,10 +4,10 @@
 -- A record not written yet (its claim call not run yet), or gone, stays absent; a done one
 -- stays done.
 --
--- KEYS[i]      = batch record i (KeySpace.dedup_batch); one hash slot on a cluster
--- ARGV[1]      = lease length in ms from now (Redis clock); 0 gives the batches back: their
---                open claims are free to take over at once
--- returns      = a string with one digit per record, in KEYS order:
+-- KEYS[1..n]   = record: the n batch records (KeySpace.dedup_batch); one hash slot on a cluster
+-- ARGV[1]      = lease_ms: lease length in ms from now (Redis clock); 0 gives the batches
+--                back: their open claims are free to take over at once
+-- returns      = codes: a string with one digit per record, in KEYS order:
 --                0 ABSENT        no record: nothing written
 --                1 RENEWED       open: its deadline moved, TTL kept
 --                2 DONE          done: nothing written

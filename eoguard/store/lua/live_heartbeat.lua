@@ -1,7 +1,7 @@
 -- live_heartbeat: renew one instance's liveness lease and drop lapsed ones.
 --
--- KEYS[1] = live set (sorted set: instance id -> lease deadline, epoch ms, Redis time)
--- ARGV[1] = instance id
+-- KEYS[1] = live_set: the leases (sorted set: instance id -> deadline, epoch ms, Redis time)
+-- ARGV[1] = instance_id
 -- ARGV[2] = lease_ms
 -- returns = {now_ms, live_count}: live_count counts leases whose deadline is after now
 --

@@ -1,7 +1,8 @@
 -- live_read: the instances whose liveness lease has not lapsed, with Redis's clock.
 --
--- KEYS[1] = live set (sorted set: instance id -> lease deadline, epoch ms, Redis time)
--- returns = {now_ms, id_1, deadline_1, id_2, deadline_2, ...} for deadlines after now
+-- KEYS[1] = live_set: the leases (sorted set: instance id -> deadline, epoch ms, Redis time)
+-- returns = {read_at_ms, deadlines...}: read_at_ms is Redis's now; deadlines lists, for each
+--           lease whose deadline is after now, [lease: id, deadline_ms], flat
 --
 -- Read-only. Redis's clock (not the caller's) decides lapse, so producers on machines with
 -- skewed clocks agree on who is live.

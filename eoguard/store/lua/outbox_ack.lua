@@ -1,12 +1,14 @@
 -- outbox_ack: the consumer scope's end-to-end acknowledgement, for one shard or several (several
 -- only on a single Redis node: on a Redis Cluster a call's keys share the hash slot of a shard).
 --
--- ARGV[1]              = n, the number of shards in the call
--- ARGV[1+s]            = the number of ids of shard s (s = 1..n)
--- ARGV[2+n..]          = the message ids, shard after shard
--- KEYS, shard by shard = the shard's outbox index (sorted set: message id -> next-resend time),
---                        then the outbox records of its ids, in the ids' order
--- returns              = number of outbox records deleted (an ack of an absent record is a no-op)
+-- KEYS[1..]    = groups: shard by shard, [group: index, records...]: the shard's outbox index
+--                (sorted set: message id -> next-resend time), then the outbox records of its
+--                ids, in the ids' order
+-- ARGV[1]      = shards: n, the number of shards in the call
+-- ARGV[2..1+n] = count: per shard, its number of ids
+-- ARGV[2+n..]  = ids: the message ids, shard after shard
+-- returns      = deleted: the number of outbox records deleted (an ack of an absent record is
+--                a no-op)
 --
 -- Deletes the records whatever their state: a consumer handled the message, so it must not be
 -- resent even if the producer never saw Kafka's acknowledgement. One DEL and one ZREM per 1000

@@ -1,16 +1,18 @@
 -- outbox_claim_for_resend: take ownership of due records of ONE shard, atomically.
 --
--- KEYS[1]   = outbox index of the shard (sorted set: message id -> next-resend time)
--- KEYS[1+i] = outbox record (string, layout in outbox_write.lua) of candidate i
--- ARGV[1]   = claimer: producer instance id taking ownership
--- ARGV[2]   = resend_after_ms: the claimed record's next-resend time becomes now + this
--- ARGV[3]   = live_read_at_ms: Redis time at which the live producer set was read
--- ARGV[4]   = n_live: number of live producer ids that follow
--- ARGV[5 .. 4+n_live]       = live producer ids (owners whose lease had not lapsed)
--- ARGV[5+n_live .. ]        = candidate message ids, in the order of KEYS[2..]
--- returns   = {now_ms, swept, expired, claimed_1, ..., claimed_k}; claimed_j =
---             {id, previous_owner, record}: the record as rewritten (new owner, owned_at =
---             now, next_resend_at, attempt incremented)
+-- KEYS[1]      = index: the outbox index of the shard (sorted set: message id -> next-resend
+--                time)
+-- KEYS[2..]    = record: the outbox record (string, layout in outbox_write.lua) of each
+--                candidate, in the order of ids
+-- ARGV[1]      = claimer: producer instance id taking ownership
+-- ARGV[2]      = resend_after_ms: the claimed record's next-resend time becomes now + this
+-- ARGV[3]      = live_read_at_ms: Redis time at which the live producer set was read
+-- ARGV[4]      = live_count: l, the number of live producer ids that follow
+-- ARGV[5..4+l] = live: the live producer ids (owners whose lease had not lapsed)
+-- ARGV[5+l..]  = ids: the candidate message ids, in the order of their records in KEYS
+-- returns      = {now_ms, swept, expired, claimed...}: claimed lists, for each record claimed,
+--                [claimed: id, previous_owner, record]: the record as rewritten (new owner,
+--                owned_at = now, next_resend_at, attempt incremented)
 --
 -- A pending record is claimed when it is due (next-resend time, its score in the index,
 -- passed: delivery failed or timed out) or when its owner's lease lapsed (owner not live, and it owned the record before the live set was read: an owner

@@ -1,26 +1,35 @@
 -- outbox_write: mark acknowledged records published, and store new records as pending; any
 -- number of shards, in one call (one AOF fsync for the lot).
 --
--- KEYS      = the mark groups, then the put groups; a group is one shard's outbox index
---             (sorted set: message id -> next-resend time, epoch ms), then the outbox record
---             key (string) of each of its messages
--- ARGV[1]   = owner: producer instance id that will publish the stored records
--- ARGV[2]   = resend_after_ms: a record not marked published by now + this is due for resend
--- ARGV[3]   = keep_until of the marked records: "published" (delete them) | "consumed" (keep
---             them as published for the consumer's end-to-end ack)
--- ARGV[4]   = M: number of mark groups; ARGV[5] = P: number of put groups
--- ARGV[6]   = max_ttl_ms (KeySpace.max_ttl_ms): no key this script writes expires after Redis's
---             now + this, whatever a record's expires_at says (the outbox has no grace)
--- ARGV[7 .. 6+M+P] = number of messages in each group (mark groups, then put groups)
--- then      = per group, the length of its record keys before the message id (a record key
---             is that prefix, then the id: the script takes the id from it), then 2 values
---             per stored message (expires_at_ms, from the producer's clock; body: see
---             below), in KEYS order
--- returns   = {now_ms, kept, deleted, missing, stored, i_1, r_1, i_2, r_2, ...}: marked
---             records kept as published, deleted, not found (acked by a consumer, or
---             expired); records stored; then only the messages not stored: i = position
---             among the stored messages (1-based), r = 0 already present (left untouched),
---             -1 already expired (not stored): expires_at is not after Redis's now
+-- A call has g groups, the mark groups then the put groups (g = mark_groups + put_groups), and
+-- n messages to store in its put groups.
+--
+-- KEYS[1..]       = groups: group after group, [group: index, records...]: one shard's outbox
+--                   index (sorted set: message id -> next-resend time, epoch ms), then the
+--                   outbox record key (string) of each of its messages
+-- ARGV[1]         = owner: producer instance id that will publish the stored records
+-- ARGV[2]         = resend_after_ms: a record not marked published by now + this is due for
+--                   resend
+-- ARGV[3]         = keep_until: what becomes of the marked records: "published" (deleted) |
+--                   "consumed" (kept as published for the consumer's end-to-end ack)
+-- ARGV[4]         = mark_groups: the number of mark groups
+-- ARGV[5]         = put_groups: the number of put groups
+-- ARGV[6]         = max_ttl_ms: KeySpace.max_ttl_ms: no key this script writes expires after
+--                   Redis's now + this, whatever a record's expires_at says (the outbox has no
+--                   grace)
+-- ARGV[7..6+g]    = count: per group, its number of messages
+-- ARGV[7+g..6+2g] = prefix_length: per group, the length of its record keys before the message
+--                   id (a record key is that prefix, then the id: the script takes the id from
+--                   it)
+-- ARGV[5+2g+2i]   = expires_at_ms: for stored message i = 1..n, in KEYS order, its expires_at,
+--                   from the producer's clock
+-- ARGV[6+2g+2i]   = body: for stored message i, its record's body (see below)
+-- returns         = {now_ms, kept, deleted, missing, stored, refused...}: marked records kept
+--                   as published, deleted, not found (acked by a consumer, or expired);
+--                   records stored; then refused lists, for each message not stored,
+--                   [refused: position, code], flat: position among the stored messages
+--                   (1-based), code 0 already present (left untouched), -1 already expired
+--                   (not stored): expires_at is not after Redis's now
 --
 -- Expiries are judged and bounded by Redis's clock (TIME), never the producer's: a record's
 -- PXAT is its expires_at clamped to now + max_ttl, so a producer clock running ahead cannot
