@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import threading
 import time
 from typing import Any
@@ -25,11 +26,10 @@ from eoguard.envelope import now_ms
 from eoguard.errors import StoreError
 from eoguard.kafka.producer import KafkaProducer
 from eoguard.modes import KeepUntil, PersistenceMode
-from eoguard.producer.callbacks import CallbackDispatcher
 from eoguard.producer.delay import DelayInputs, DelayPolicy
-from eoguard.producer.deliveries import MAX_FAILED_IDS, Deliveries
-from eoguard.producer.messages import Counters, PendingMessage
-from eoguard.producer.outbox_queue import LogQueue
+from eoguard.producer.deliveries import Deliveries
+from eoguard.producer.ledger import Ledger
+from eoguard.producer.messages import PendingMessage
 from eoguard.producer.recovery import Recovery
 from eoguard.producer.writer import OutboxWriter, StartedWrite
 from eoguard.store.liveness import Liveness
@@ -50,23 +50,19 @@ _MAX_WRITES_IN_FLIGHT = 2
 class ProducerEngine:
     """Background work of one GuardedProducer; see the module docstring."""
 
-    def __init__(self, *, config: ProducerConfig, instance_id: str, queue: LogQueue,
+    def __init__(self, *, config: ProducerConfig, instance_id: str, ledger: Ledger,
                  kafka: KafkaProducer, outbox: Outbox, liveness: Liveness, recovery: Recovery,
-                 dispatcher: CallbackDispatcher,
                  reports: collections.deque[tuple[Any, Any, Any]]) -> None:
         self.config = config
         self.instance_id = instance_id
         self.delayed = config.mode is PersistenceMode.DELAYED
-        self.queue = queue
+        self.ledger = ledger
         self.kafka = kafka
         self.liveness = liveness
         self.recovery = recovery
-        self.counters = Counters()
-        self.deliveries = Deliveries(delayed=self.delayed, queue=queue, counters=self.counters,
-                                     dispatcher=dispatcher, reports=reports)
-        self.writer = OutboxWriter(config=config, instance_id=instance_id, delayed=self.delayed,
-                                   queue=queue, counters=self.counters, kafka=kafka,
-                                   outbox=outbox, dispatcher=dispatcher)
+        self.deliveries = Deliveries(ledger=ledger, reports=reports)
+        self.writer = OutboxWriter(config=config, instance_id=instance_id, ledger=ledger,
+                                   kafka=kafka, outbox=outbox, redis_now_ms=self.redis_now_ms)
         self.policy = DelayPolicy(min_ms=config.delay_min_ms, max_ms=config.delay_max_ms,
                                   max_messages=config.max_queue_messages,
                                   max_bytes=config.max_queue_bytes)
@@ -98,8 +94,7 @@ class ProducerEngine:
         """Stop the threads (the flusher finishes its current step and the writes it
         started)."""
         self._stopping.set()
-        with self.queue.lock:
-            self.queue.work.notify_all()
+        self.ledger.wake()
         for thread in self._threads:
             thread.join(timeout_s)
 
@@ -130,7 +125,7 @@ class ProducerEngine:
 
     # Flusher thread: outbox writes and publish marks, in send order -----------------
     def _flush_loop(self) -> None:
-        q, writer = self.queue, self.writer
+        ledger, writer = self.ledger, self.writer
         started: collections.deque[StartedWrite] = collections.deque()
         while True:
             # Settle the delivery reports already in (serving librdkafka's too unless the
@@ -140,13 +135,13 @@ class ProducerEngine:
                 self.kafka.poll(0)
             if self.deliveries.reports:
                 self.deliveries.process()
-            with q.lock:
-                batch, marks, resent = self._take_write_locked(len(started))
-                idle = not batch and not marks and not resent
-                if idle and not started and not q.to_produce:
-                    if self._stopping.is_set():
-                        return
-                    q.work.wait(self._sleep_s())
+            stopping = self._stopping.is_set()
+            batch, marks, resent = self._take_write(len(started), stopping)
+            idle = not batch and not marks and not resent
+            if idle and not started and not writer.to_produce:
+                if stopping:
+                    return
+                ledger.wait_for_work(self._sleep_s())  # at once if work arrived since the take
             if not idle:
                 started.append(writer.start(batch, marks, resent))
             # Finish the oldest write once the pipeline is full or nothing more is to start.
@@ -155,7 +150,7 @@ class ProducerEngine:
                     started.popleft()
                 else:
                     started.clear()  # every one of them was put back
-            if q.to_produce:
+            if writer.to_produce:
                 self._kafka_blocked = not writer.produce_ready()
                 if self._kafka_blocked:
                     time.sleep(_PRODUCE_RETRY_S)  # the poll thread drains librdkafka's queue
@@ -163,25 +158,17 @@ class ProducerEngine:
                     and (not writer.store_available or self._kafka_blocked)):
                 return  # closing: what is in the outbox goes out through recovery
 
-    def _take_write_locked(self, in_flight: int) -> tuple[
+    def _take_write(self, in_flight: int, stopping: bool) -> tuple[
             list[PendingMessage], list[str], list[tuple[str, KeepUntil]]]:
-        """The next write to start: a batch, and the publish marks if due (nothing while
-        the pipeline is full)."""
+        """The next write to start (nothing while the pipeline is full): a batch due for the
+        outbox, and the publish marks if due; never while the store backs off."""
         if in_flight >= _MAX_WRITES_IN_FLIGHT:
             return [], [], []
-        batch = self._take_batch_locked()
-        if self.queue.marks_waiting and self._marks_due_locked(riding=bool(batch)):
-            return (batch, *self.queue.take_marks_locked())
-        return batch, [], []
-
-    def _marks_due_locked(self, *, riding: bool) -> bool:
-        """Send the waiting publish marks now? With a batch (they ride along), once they
-        waited MARK_DELAY_S or fill a batch, or when closing; never while the store backs off."""
         now = time.monotonic()
-        if now < self.writer.retry_at and not self._stopping.is_set():
-            return False
-        return (riding or now >= self.queue.marks_due or self._stopping.is_set()
-                or self.queue.marks_waiting >= self.config.batch_max_messages)
+        return self.ledger.take_write(
+            limit=self.config.batch_max_messages,
+            cutoff_mono=now - self.delay_ms / 1000.0 if self.delayed else math.inf,
+            backing_off=now < self.writer.retry_at and not stopping, closing=stopping)
 
     # Maintenance thread: lease, delay, recovery -----------------------------------------
     def _maintain_loop(self) -> None:
@@ -194,25 +181,19 @@ class ProducerEngine:
                    self._next_delay_update if self.delayed else now + 1.0)
         return min(max(wake - now, 0.001), 1.0)
 
-    def _take_batch_locked(self) -> list[PendingMessage]:
-        now = time.monotonic()
-        if now < self.writer.retry_at and not self._stopping.is_set():
-            return []
-        limit = self.config.batch_max_messages
-        if not self.delayed:
-            return self.queue.take_to_persist_locked(limit)
-        return self.queue.take_due_locked(now - self.delay_ms / 1000.0, limit)
-
     def _sleep_s(self) -> float:
+        """How long the idle flusher may sleep: until the store's retry, the waiting marks'
+        due time (not before that retry), the next delay update or the end of the oldest
+        waiting message's delay; at most a second."""
         now = time.monotonic()
         wake = self.writer.retry_at or now + 1.0
-        if self.queue.marks_waiting:
-            wake = min(wake, max(self.queue.marks_due, self.writer.retry_at))
+        marks_due, head_sent = self.ledger.wake_times()
+        if marks_due is not None:
+            wake = min(wake, max(marks_due, self.writer.retry_at))
         if self.delayed:
             wake = min(wake, self._next_delay_update)  # the delay may shrink
-            head = self.queue.head_sent_at_locked()
-            if head is not None:
-                wake = min(wake, head + self.delay_ms / 1000.0)
+            if head_sent is not None:
+                wake = min(wake, head_sent + self.delay_ms / 1000.0)
         return min(max(wake - now, 0.001), 1.0)
 
     # Timers --------------------------------------------------------------------------
@@ -231,8 +212,7 @@ class ProducerEngine:
 
     def update_delay(self) -> None:
         p50, p99 = self.deliveries.latency.percentiles(50, 99)
-        with self.queue.lock:
-            depth, size = self.queue.depth, self.queue.bytes
+        depth, size = self.ledger.backlog()
         self.delay_ms = self.policy.delay_ms(DelayInputs(
             ack_p50_ms=p50, ack_p99_ms=p99, live_producers=self.live_producers,
             backlog_messages=depth, backlog_bytes=size))
@@ -257,25 +237,23 @@ class ProducerEngine:
                         "Redis's now + max_ttl (docs/design.md §5, Clocks)", ahead)
         self.clock_ahead_ms = ahead
 
+    def redis_now_ms(self) -> int:
+        """Redis's clock as this producer estimates it: its own, less the lead measured at the
+        last lease renewal (the clock ``send`` stamps expiries by)."""
+        return now_ms() - self.clock_ahead_ms
+
     def run_recovery(self) -> None:
         """Resend this producer's failed deliveries, then one recovery pass."""
-        with self.queue.lock:
-            failed, self.deliveries.failed_ids = self.deliveries.failed_ids, []
+        failed = self.ledger.take_resend_ids()
         try:
             if failed:
                 report = self.recovery.resend_failed(failed)
                 failed = []
-                with self.queue.lock:
-                    self.counters.resent += report.resent
-                    self.counters.expired += report.expired
+                self.ledger.count_recovery(report)
             report = self.recovery.run()
         except StoreError as exc:
             if failed:
-                with self.queue.lock:  # retried at the next pass (within the cap)
-                    kept = self.deliveries.failed_ids
-                    self.deliveries.failed_ids = (failed + kept)[:MAX_FAILED_IDS]
+                self.ledger.keep_resend_ids(failed)  # retried at the next pass (within the cap)
             self.writer.store_failed(exc)
             return
-        with self.queue.lock:
-            self.counters.resent += report.resent
-            self.counters.expired += report.expired
+        self.ledger.count_recovery(report)

@@ -37,19 +37,18 @@ from eoguard.errors import (
 )
 from eoguard.kafka.producer import KafkaProducer
 from eoguard.modes import PersistenceMode
-from eoguard.producer.callbacks import CallbackDispatcher, Settled
+from eoguard.producer.callbacks import CallbackDispatcher
 from eoguard.producer.engine import ProducerEngine
+from eoguard.producer.ledger import Ledger
 from eoguard.producer.messages import (
     FailedCallback,
     GuaranteedCallback,
-    MessageState,
     PendingMessage,
     ProducerStats,
     SendHandle,
     caller_message_id,
     check_send_args,
 )
-from eoguard.producer.outbox_queue import LogQueue
 from eoguard.producer.recovery import Recovery, RecoveryReport
 from eoguard.store.layout import check_layout
 from eoguard.store.liveness import Liveness
@@ -92,8 +91,6 @@ class GuardedProducer:
         self._closed = False
         self._sends = 0
         self._done = threading.Condition()
-        self._queue = LogQueue(max_messages=config.max_queue_messages,
-                               max_bytes=config.max_queue_bytes)
         self._redis = config.redis.connect()
         self._kafka = KafkaProducer(config.kafka_config())
         # Replicated durability: outbox writes on a replica before on_guaranteed fires.
@@ -108,10 +105,12 @@ class GuardedProducer:
                                   resend_after_ms=config.resend_after_ms, sink=self._sink,
                                   produce_timeout_s=config.send_timeout_s)
         self._dispatcher = CallbackDispatcher(self._done)
+        self._ledger = Ledger(delayed=self._delayed, max_messages=config.max_queue_messages,
+                              max_bytes=config.max_queue_bytes, dispatcher=self._dispatcher)
         self._engine = ProducerEngine(config=config, instance_id=self.instance_id,
-                                      queue=self._queue, kafka=self._kafka, outbox=self._outbox,
-                                      liveness=self._liveness, recovery=self._recovery,
-                                      dispatcher=self._dispatcher, reports=reports)
+                                      ledger=self._ledger, kafka=self._kafka,
+                                      outbox=self._outbox, liveness=self._liveness,
+                                      recovery=self._recovery, reports=reports)
         try:
             check_layout(self._redis, config.keyspace, replicas=wait.replicas if wait else 0)
             # Register before writing any record: a recovering producer treats records of an
@@ -186,21 +185,7 @@ class GuardedProducer:
                              created_at_ms=created, created_mono=time.monotonic(),
                              on_guaranteed=on_guaranteed or self._on_guaranteed,
                              on_failed=on_failed or self._on_failed, sink=self._sink)
-        q = self._queue
-        q.reserve(msg, self.config.send_timeout_s, self._full_error)
-        if self._delayed:
-            self._produce_now(msg)
-            with q.lock:
-                self._engine.counters.sent += 1
-                if not q.log:
-                    q.work.notify()
-                q.log.append(msg)
-        else:
-            with q.lock:
-                self._engine.counters.sent += 1
-                if not q.to_persist:
-                    q.work.notify()
-                q.to_persist.append(msg)
+        self._ledger.send(msg, self.config.send_timeout_s, self._full_error, self._produce_now)
         self._sends += 1
         if not self._sends & 127:
             self._engine.serve_deliveries()
@@ -208,22 +193,16 @@ class GuardedProducer:
 
     def _produce_now(self, msg: PendingMessage) -> None:
         """delayed mode: hand the message to librdkafka from the caller's thread, waiting up
-        to ``send_timeout_s`` while librdkafka's queue is full."""
+        to ``send_timeout_s`` while librdkafka's queue is full (the ledger withdraws it if
+        this raises)."""
         deadline = 0.0
-        try:
-            while not self._kafka.produce(msg.topic, msg.value, msg.key,
-                                          on_delivery=msg.delivered):
-                if not deadline:
-                    deadline = time.monotonic() + self.config.send_timeout_s
-                elif time.monotonic() > deadline:
-                    raise BackpressureError(
-                        f"librdkafka's queue stayed full for {self.config.send_timeout_s} s")
-                time.sleep(0.001)
-        except EoguardError:
-            with self._queue.lock:
-                self._queue.release_locked(msg)
-                self._queue.space.notify_all()
-            raise
+        while not self._kafka.produce(msg.topic, msg.value, msg.key, on_delivery=msg.delivered):
+            if not deadline:
+                deadline = time.monotonic() + self.config.send_timeout_s
+            elif time.monotonic() > deadline:
+                raise BackpressureError(
+                    f"librdkafka's queue stayed full for {self.config.send_timeout_s} s")
+            time.sleep(0.001)
 
     def _full_error(self) -> EoguardError:
         limits = (f"{self.config.max_queue_messages} messages / "
@@ -242,18 +221,14 @@ class GuardedProducer:
         cannot be used.
         """
         report = self._recovery.run()
-        with self._queue.lock:
-            self._engine.counters.resent += report.resent
-            self._engine.counters.expired += report.expired
+        self._ledger.count_recovery(report)
         return report
 
     def resend(self, message_ids: Sequence[str]) -> RecoveryReport:
         """Resend the named pending outbox records now, whoever owns them (the operator's
         ``eoguard outbox resend ID...``); the consumers' dedup drops any duplicate."""
         report = self._recovery.resend_ids(message_ids)
-        with self._queue.lock:
-            self._engine.counters.resent += report.resent
-            self._engine.counters.expired += report.expired
+        self._ledger.count_recovery(report)
         return report
 
     def flush(self, timeout_s: float | None = None) -> int:
@@ -277,8 +252,7 @@ class GuardedProducer:
         outstanding after it."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            with self._queue.lock:
-                outstanding = self._queue.depth + self._queue.marks_outstanding
+            outstanding = self._ledger.outstanding()
             outstanding += len(self._kafka) + len(self._engine.deliveries.reports)
             if outstanding == 0 or (deadline is not None and time.monotonic() >= deadline) \
                     or (until is not None and until()):
@@ -297,9 +271,7 @@ class GuardedProducer:
         deadline = time.monotonic() + timeout_s
         # Step 1.
         self._closed = True
-        with self._queue.lock:
-            self._queue.closed = True
-            self._queue.space.notify_all()
+        self._ledger.close()
         # Step 2.
         self._settle(timeout_s)
         # Step 3.
@@ -309,15 +281,7 @@ class GuardedProducer:
         self._engine.writer.flush_publish_marks()
         self._engine.writer.close()
         # Step 4.
-        settled: list[Settled] = []
-        with self._queue.lock:
-            for msg in self._queue.waiting_locked():
-                if msg.settle(MessageState.FAILED, ProducerClosedError(
-                        f"message {msg.id} was neither persisted nor acknowledged "
-                        "before close")):
-                    self._engine.counters.failed += 1
-                    settled.append((msg, msg.error))
-        self._dispatcher.submit(settled)
+        self._ledger.fail_waiting()
         # Step 5.
         try:
             self._liveness.deregister(self.instance_id)
@@ -339,18 +303,17 @@ class GuardedProducer:
         """Counters since start, the current delay and the queue depth."""
         e = self._engine
         p50, p99 = e.deliveries.latency.percentiles(50, 99)
-        with self._queue.lock:
-            c = e.counters
-            return ProducerStats(
-                mode=self.config.mode, sent=c.sent, guaranteed=c.guaranteed, failed=c.failed,
-                persisted=c.persisted, published=c.published, resent=c.resent,
-                expired=c.expired, delivery_failures=c.delivery_failures,
-                redis_writes_avoided=c.redis_writes_avoided,
-                already_in_outbox=c.already_in_outbox,
-                current_delay_ms=e.delay_ms if e.delayed else 0.0,
-                queue_depth=self._queue.depth, queue_bytes=self._queue.bytes,
-                ack_latency_p50_ms=p50, ack_latency_p99_ms=p99,
-                live_producers=e.live_producers, store_available=e.store_available)
+        c, depth, size = self._ledger.snapshot()
+        return ProducerStats(
+            mode=self.config.mode, sent=c.sent, guaranteed=c.guaranteed, failed=c.failed,
+            persisted=c.persisted, published=c.published, resent=c.resent,
+            expired=c.expired, delivery_failures=c.delivery_failures,
+            redis_writes_avoided=c.redis_writes_avoided,
+            already_in_outbox=c.already_in_outbox,
+            current_delay_ms=e.delay_ms if e.delayed else 0.0,
+            queue_depth=depth, queue_bytes=size,
+            ack_latency_p50_ms=p50, ack_latency_p99_ms=p99,
+            live_producers=e.live_producers, store_available=e.store_available)
 
     def __repr__(self) -> str:
         return (f"GuardedProducer(instance_id={self.instance_id!r}, "

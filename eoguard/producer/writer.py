@@ -6,26 +6,27 @@ the flusher can start the next write while one is in flight: Redis works on one 
 the flusher settles and produces the one before. Writes are finished in the order started.
 
 Redis outages are absorbed here: a failed write puts its batch, and the batches of every write
-started after it, back at the front of their line in send order (so nothing reaches Kafka out
+started after it, back at the front of the line in send order (so nothing reaches Kafka out
 of order), and the marks back in theirs, and retries with backoff (the queue fills, senders
 feel backpressure); messages that expire while waiting fail with :class:`PersistError`.
+What each outcome does to a message is the ledger's (:mod:`~eoguard.producer.ledger`).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import NamedTuple
 
 from eoguard.config import ProducerConfig
-from eoguard.errors import EoguardError, PersistError, StoreError
+from eoguard.errors import EoguardError, StoreError
 from eoguard.kafka.producer import KafkaProducer, Producible
 from eoguard.modes import KeepUntil
-from eoguard.producer.callbacks import CallbackDispatcher, Settled
-from eoguard.producer.messages import Counters, MessageState, PendingMessage
-from eoguard.producer.outbox_queue import LogQueue
+from eoguard.producer.ledger import Ledger
+from eoguard.producer.messages import PendingMessage
 from eoguard.store.outbox import Outbox, PutResult
 
 __all__ = ["OutboxWriter", "StartedWrite"]
@@ -48,17 +49,17 @@ class StartedWrite(NamedTuple):
 class OutboxWriter:
     """Outbox writes of one producer, and the health of the store as they see it."""
 
-    def __init__(self, *, config: ProducerConfig, instance_id: str, delayed: bool,
-                 queue: LogQueue, counters: Counters, kafka: KafkaProducer, outbox: Outbox,
-                 dispatcher: CallbackDispatcher) -> None:
+    def __init__(self, *, config: ProducerConfig, instance_id: str, ledger: Ledger,
+                 kafka: KafkaProducer, outbox: Outbox, redis_now_ms: Callable[[], int]) -> None:
         self.config = config
+        self.redis_now_ms = redis_now_ms  # expiries are judged by Redis's clock (§5, Clocks)
         self.instance_id = instance_id
-        self.delayed = delayed
-        self.queue = queue
-        self.counters = counters
+        self.ledger = ledger
         self.kafka = kafka
         self.outbox = outbox
-        self.dispatcher = dispatcher
+        # persist-first: in the outbox, waiting for room in librdkafka's queue (Kafka slow).
+        # The flusher's alone (it fills and drains it).
+        self.to_produce: collections.deque[PendingMessage] = collections.deque()
         self.store_available = True
         self.retry_at = 0.0  # monotonic time before which the store is not retried
         self._backoff_s = 0.0
@@ -111,8 +112,8 @@ class OutboxWriter:
 
         Step 1. Wait for the write. If it failed, wait for every later one too and put all
                 their batches back in send order, and their marks back (retried later).
-        Step 2. Guarantee each message (its on_guaranteed is queued now, before Kafka).
-        Step 3. persist-first: line them up for librdkafka; delayed: free their memory.
+        Step 2. Settle its messages in the ledger (on_guaranteed is queued now, before Kafka).
+        Step 3. persist-first: line the stored ones up for librdkafka.
 
         Returns False when the write failed (every write in ``started`` is then finished).
         """
@@ -124,97 +125,31 @@ class OutboxWriter:
             self.store_failed(exc)
             for later in started:
                 later.outcome.exception()  # wait: the later ones' outcome no longer matters
-            self._put_back(started)
+            self.ledger.write_failed([m for w in started for m in w.batch],
+                                     [i for w in started for i in w.marks],
+                                     [r for w in started for r in w.resent],
+                                     now_ms=self.redis_now_ms())
             return False
         self.store_ok()
-        if first.marks or first.resent:
-            with self.queue.lock:
-                self.queue.marks_done_locked(len(first.marks) + len(first.resent))
-        if first.batch:
-            self._settle_written(first.batch, set(result.expired),
-                                 {id(m) for m in result.existing_entries})
+        # Step 2.
+        stored = self.ledger.written(
+            first.batch, marks_done=len(first.marks) + len(first.resent),
+            expired=set(result.expired), existing={id(m) for m in result.existing_entries})
+        # Step 3.
+        if stored:
+            self.to_produce.extend(stored)
         return True
 
-    def _settle_written(self, batch: list[PendingMessage], expired: set[str],
-                        existing: set[int]) -> None:
-        """Steps 2 and 3 of :meth:`finish`.
-
-        ``existing`` holds the messages (by identity) whose record was there already. Unless
-        it is from an earlier attempt of this very write, such a message is a send of a
-        caller's id seen before (a repeat after the application's crash, or an earlier send
-        of this batch): guaranteed by the record found, and persist-first does not publish it
-        again (that record's owner, or recovery, does).
-        """
-        q, c = self.queue, self.counters
-        settled: list[Settled] = []
-        guaranteed = MessageState.GUARANTEED
-        found = 0  # in the outbox already, not written by this call
-        with q.lock:
-            for m in batch:
-                m.persisting = False
-                if expired and m.id in expired:
-                    c.expired += 1
-                    self._fail_locked(m, PersistError(
-                        f"message {m.id} expired before it could be persisted"), settled)
-                    continue
-                # Step 2.
-                m.persisted = True
-                if m.settle(guaranteed):
-                    c.guaranteed += 1
-                    if m.on_guaranteed is not None:
-                        settled.append((m, None))
-                # Step 3.
-                if existing and id(m) in existing and not m.rewritten:
-                    c.already_in_outbox += 1
-                    found += 1
-                    if not self.delayed:  # not published twice; delayed sent it already
-                        q.release_locked(m)
-                        continue
-                if self.delayed:
-                    q.release_locked(m)
-                    if m.acked:  # acknowledged while the write was in flight
-                        q.add_marks_locked([m.id])
-                else:
-                    q.to_produce.append(m)
-            c.persisted += len(batch) - len(expired) - found
-            if self.delayed or expired or existing:
-                q.space.notify_all()
-        self.dispatcher.submit(settled, wake=True)
-
-    def _put_back(self, started: Sequence[StartedWrite]) -> None:
-        """Failed writes: their batches back to the front of their line (in send order),
-        their marks back to be retried (else recovery would resend those records)."""
-        q, c = self.queue, self.counters
-        settled: list[Settled] = []
-        batch = [m for w in started for m in w.batch]
-        with q.lock:
-            q.publish_ids[:0] = [i for w in started for i in w.marks]
-            q.resent_ids[:0] = [r for w in started for r in w.resent]
-            q.marks_done_locked(sum(len(w.marks) + len(w.resent) for w in started))
-            if batch:
-                for m in batch:
-                    m.rewritten = True
-                    if m.acked:  # delayed: Kafka acknowledged it meanwhile, nothing to write
-                        m.persisting = False
-                        if q.release_locked(m):
-                            c.redis_writes_avoided += 1
-                q.put_back_locked([m for m in batch if not m.acked], delayed=self.delayed)
-                self._fail_expired_locked(settled)
-                q.space.notify_all()
-        self.dispatcher.submit(settled)
-
     def produce_ready(self) -> bool:
-        """persist-first: hand persisted messages to librdkafka while it takes them.
+        """persist-first: hand stored messages to librdkafka while it takes them.
 
         Returns False when librdkafka's queue is full (Kafka slow or down): the rest waits,
         holding its room in the queue, while persisting goes on.
         """
-        line = self.queue.to_produce
+        line = self.to_produce
         taken = self.kafka.produce_each(line, self._refused)
-        done = [line.popleft() for _ in range(taken)]
-        with self.queue.lock:
-            self.queue.release_all_locked(done)
-            self.queue.space.notify_all()
+        if taken:
+            self.ledger.produced([line.popleft() for _ in range(taken)])
         return not line
 
     @staticmethod
@@ -224,8 +159,7 @@ class OutboxWriter:
 
     def flush_publish_marks(self) -> None:
         """One last attempt to mark acknowledged records published (on close)."""
-        with self.queue.lock:
-            ids, resent = self.queue.take_marks_locked()
+        ids, resent = self.ledger.take_marks()
         if ids or resent:
             self.write([], ids, resent)
 
@@ -242,22 +176,3 @@ class OutboxWriter:
         self.store_available = True
         self._backoff_s = 0.0
         self.retry_at = 0.0
-
-    def _fail_locked(self, m: PendingMessage, error: EoguardError, settled: list[Settled]) -> None:
-        if m.settle(MessageState.FAILED, error):
-            self.counters.failed += 1
-            settled.append((m, error))
-        self.queue.release_locked(m)
-
-    def _fail_expired_locked(self, settled: list[Settled]) -> None:
-        """Messages that expired while waiting for the outbox: failed, room released."""
-        now_ms = time.time_ns() // 1_000_000
-        for line in (self.queue.to_persist, self.queue.log):
-            keep = [m for m in line if m.expires_at_ms > now_ms or m.acked]
-            for m in line:
-                if m.expires_at_ms <= now_ms and not m.acked:
-                    self.counters.expired += 1
-                    self._fail_locked(m, PersistError(f"message {m.id} expired while "
-                                                      "the outbox was unavailable"), settled)
-            line.clear()
-            line.extend(keep)
