@@ -364,8 +364,10 @@ def test_a_replay_of_a_batch_whose_done_landed_writes_the_same_output(
 
 def test_a_replay_of_a_done_batch_leaves_out_a_row_it_did_not_take(
         spark, new_topic, kafka_bootstrap, job_options, run_job, redis_client: redis.Redis) -> None:
-    """The first run skipped a record another reader held (busy); that reader let it go since.
-    The replay of the done batch meets it free: STALE, left out, so the output is the same."""
+    """The first run skipped a record another reader held (busy), giving it up under the batch's
+    token; that reader let it go since. The replay of the done batch meets it free but given up
+    (PASSED: busy again; nothing is taken under a done token), left out, so the output is the
+    same (docs/design.md §7)."""
     topic = new_topic(1)
     held, *others = (envelope(b"t%d" % i) for i in range(5))
     produce(kafka_bootstrap, topic, [held, *others])
@@ -384,7 +386,7 @@ def test_a_replay_of_a_done_batch_leaves_out_a_row_it_did_not_take(
     after = spark.read.parquet(options.output_path).collect()
     print(f"first run rows={dict(first[0].rows)} replay rows={dict(again[0].rows)}")
     assert first[0].rows == {"new": 4, "busy": 1}
-    assert again[0].rows == {"done_here": 4, "stale": 1}
+    assert again[0].rows == {"done_here": 4, "busy": 1}
     assert sorted(map(tuple, after)) == sorted(map(tuple, before))
     assert {r["id"] for r in after} == {e.id for e in others}
     assert store.check(held.id) is None  # nothing claimed under the done batch
