@@ -33,9 +33,10 @@ from eoguard.consumer.handler import (
 from eoguard.consumer.leases import BatchLeases
 from eoguard.consumer.state import Batch, ConsumerStats
 from eoguard.envelope import Envelope, now_ms
-from eoguard.errors import CodecError, StateError, StoreError
+from eoguard.errors import CodecError, StateError, StoreError, StoreOutOfMemoryError
 from eoguard.kafka.consumer import Partition
 from eoguard.kafka.sink import DeliverySink
+from eoguard.store.client import out_of_memory
 from eoguard.store.dedup import (
     Claim,
     ClaimReport,
@@ -279,6 +280,11 @@ class BatchProcessor:
                 continue  # let go: released, or no longer ours anyway
             if result is _OK:
                 self.stats.handled += 1
+            elif result is _EFFECT_ERROR and out_of_memory(report.details[i]):
+                # Redis was full, the message is not at fault: again, not counted a failure.
+                item.error = StoreOutOfMemoryError(f"Redis is full: {report.details[i]}")
+                item.store_refused += 1
+                again.append(item)
             elif result is _EFFECT_ERROR:
                 item.error = StoreError(f"Redis effects refused: {report.details[i]}")
                 again.append(item)
@@ -288,6 +294,7 @@ class BatchProcessor:
                 # Nothing was applied, so handling again is the only way not to lose it.
                 item.error = StateError("the claim vanished before done (expired, forgotten "
                                         "or lost in a failover); claiming again")
+                item.store_refused += 1
                 again.append(item)
             else:  # NOT_OWNED (re-owned or taken over), ALREADY_DONE: another attempt decides
                 self.stats.fenced += 1
@@ -298,23 +305,24 @@ class BatchProcessor:
              handled_any: bool) -> tuple[list[Inbound], float]:
         """What goes back to Step 4 (failed claims already let go) and the wait before it.
 
-        Past ``max_retries`` a failed message is dead-lettered. A BUSY one is claimed again
-        with a growing backoff (``retry_backoff_s`` doubling, capped by the other owner's
-        lease left): a live owner marks it done within its batch, a dead one's lease lapses
-        and it is taken over. Past ``busy_wait_s`` it is skipped (its record is uncommitted
+        Past ``max_retries`` failures of its handler a message is dead-lettered (a done mark
+        that a full Redis refused, or whose claim vanished, is no failure of the handler). A
+        BUSY one is claimed again with a growing backoff (``retry_backoff_s`` doubling, capped
+        by the other owner's lease left): a live owner marks it done within its batch, a dead
+        one's lease lapses and it is taken over. Past ``busy_wait_s`` it is skipped (its record is uncommitted
         where it is claimed, and handled or re-owned there).
         """
         cfg = self.config
         retry: list[Inbound] = []
         waits: list[float] = []
         for item in failed:
-            if item.attempts > cfg.max_retries:
+            if item.failures > cfg.max_retries:
                 self._give_up(item)
             else:
                 retry.append(item)
                 self.stats.retries += 1
         if retry:
-            first = min(item.attempts for item in retry)
+            first = min(max(item.failures, 1) for item in retry)
             waits.append(min(cfg.retry_backoff_s * 2 ** (first - 1), cfg.retry_backoff_max_s))
         busy, batch.busy = batch.busy, []
         lease_left_ms, batch.lease_left_ms = batch.lease_left_ms, []

@@ -134,8 +134,15 @@ class Inbound:
     payload: Any
     claim: Claim
     attempts: int = 0
+    store_refused: int = 0  # attempts whose done mark Redis refused (full, claim lost)
     error: BaseException | None = None
     effects: Sequence[Effect] = ()  # the Redis writes of the last successful attempt
+
+    @property
+    def failures(self) -> int:
+        """Attempts that count against ``max_retries``: the handler's own failures, not the
+        attempts whose done mark a full Redis or a vanished claim undid (a store outage)."""
+        return self.attempts - self.store_refused
 
     @property
     def topic(self) -> str:

@@ -59,9 +59,15 @@ def wrap_redis_error(exc: Exception, doing: str) -> StoreError:
                                   f"while {doing}: {exc}", reason=security)
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
         return StoreUnavailableError(f"Redis is unreachable while {doing}: {exc}")
-    if isinstance(exc, OutOfMemoryError) or "OOM command not allowed" in str(exc):
+    if isinstance(exc, OutOfMemoryError) or out_of_memory(str(exc)):
         return StoreOutOfMemoryError(f"Redis is out of memory (maxmemory) while {doing}: {exc}")
     return StoreError(f"Redis refused {doing}: {exc}")
+
+
+def out_of_memory(reply: str) -> bool:
+    """Whether a Redis error reply (or a script's reason quoting one) says Redis is full:
+    maxmemory reached under noeviction, a store outage rather than a bad command."""
+    return "OOM command not allowed" in reply
 
 
 def security_reason(exc: BaseException) -> str | None:
