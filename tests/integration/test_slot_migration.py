@@ -95,6 +95,20 @@ DONE_ORDERS = {
 }
 
 
+def reowned_pair(store: DedupStore, redis_client: redis.Redis[bytes]
+                 ) -> tuple[str, str, tuple[Claim, Claim], tuple[str, str], dict[str, list[Effect]]]:
+    """TA claimed X1 and X2, TB re-owned X2: the tokens, the claims, a counter per claim and
+    an effect incrementing each."""
+    ta, tb = store.new_token(), store.new_token()
+    x1, x2 = claim(store, 1), claim(store, 2)
+    assert claim_results(store, ta, [x1, x2]) == [NEW, NEW]
+    assert claim_results(store, tb, [x2]) == [MINE]
+    c1, c2 = counter(store, redis_client, x1), counter(store, redis_client, x2)
+    effects = {x1.message_id: [Effect("INCRBY", c1, (1,))],
+               x2.message_id: [Effect("INCRBY", c2, (1,))]}
+    return ta, tb, (x1, x2), (c1, c2), effects
+
+
 @pytest.mark.parametrize("end", ENDS)
 @pytest.mark.parametrize("order", DONE_ORDERS)
 def test_done_with_effects_takes_back_a_reowned_claim_once(
@@ -104,13 +118,7 @@ def test_done_with_effects_takes_back_a_reowned_claim_once(
     half-moved, applies X1's effect and takes X2 back, or fails having applied nothing; once
     the move is finished or rolled back, a retry settles both, each effect applied once, and
     TB's done finds X2 done."""
-    ta, tb = store.new_token(), store.new_token()
-    x1, x2 = claim(store, 1), claim(store, 2)
-    assert claim_results(store, ta, [x1, x2]) == [NEW, NEW]
-    assert claim_results(store, tb, [x2]) == [MINE]
-    c1, c2 = counter(store, redis_client, x1), counter(store, redis_client, x2)
-    effects = {x1.message_id: [Effect("INCRBY", c1, (1,))],
-               x2.message_id: [Effect("INCRBY", c2, (1,))]}
+    ta, tb, (x1, x2), (c1, c2), effects = reowned_pair(store, redis_client)
     keys = {"TB's record": record(store, tb), "X2": x2.key, "TA's record": record(store, ta),
             "TA's re-owned hash": reowned(store, ta), "X1": x1.key, "X1's effect": c1,
             "X2's effect": c2}
@@ -133,13 +141,7 @@ def test_done_on_the_importing_node_leaves_a_claim_done_first_by_its_reowner(
     """TB re-owned X2 and was done first, applying X2's effect. TA's done runs on the importing
     node (every key it declares moved) with TB's record still on the source: it must not read
     TB as not done, take X2 back and apply X2's effect a second time."""
-    ta, tb = store.new_token(), store.new_token()
-    x1, x2 = claim(store, 1), claim(store, 2)
-    assert claim_results(store, ta, [x1, x2]) == [NEW, NEW]
-    assert claim_results(store, tb, [x2]) == [MINE]
-    c1, c2 = counter(store, redis_client, x1), counter(store, redis_client, x2)
-    effects = {x1.message_id: [Effect("INCRBY", c1, (1,))],
-               x2.message_id: [Effect("INCRBY", c2, (1,))]}
+    ta, tb, (x1, x2), (c1, c2), effects = reowned_pair(store, redis_client)
     assert done_results(store, tb, [x2], effects=effects) == [OK]
     move.name(TA=ta, TB=tb)
     move.begin()
