@@ -120,3 +120,29 @@ class ConsumerThread:
         if self._failure:
             raise self._failure[0]
         return self._stats[0] if self._stats else None
+
+
+class Record:
+    """A consumed Kafka record: what the consumer's pipeline reads of confluent-kafka's
+    Message (for the unit tests, which run no broker)."""
+
+    def __init__(self, offset: int, value: bytes, partition: int = 0, topic: str = "t") -> None:
+        self._offset, self._value, self._partition, self._topic = offset, value, partition, topic
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def value(self) -> bytes:
+        return self._value
+
+    def key(self) -> bytes | None:
+        return None
+
+    def headers(self) -> None:
+        return None

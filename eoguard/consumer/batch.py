@@ -91,7 +91,9 @@ class BatchProcessor:
         items: list[Inbound] = []
         ends: dict[Partition, int] = {}
         now, reader, prefixes, topics = now_ms(), self._reader, self._key_prefixes, self._topics
-        shards, crc32 = len(prefixes), zlib.crc32  # KeySpace.shard_of, inlined: hot path
+        # KeySpace.shard_of and store.dedup.position() inlined (hot path); the copies are
+        # pinned to the definitions by tests/unit/test_decode_inline.py.
+        shards, crc32 = len(prefixes), zlib.crc32
         decode, payload_of, new_tuple = self._codec.decode, self._payloads.decode, tuple.__new__
         max_ttl_ms, limits = self.config.keyspace.max_ttl_ms, self._limits
         for msg in msgs:

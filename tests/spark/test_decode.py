@@ -7,7 +7,6 @@ import datetime as dt
 import io
 import json
 import time
-import uuid
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from eoguard.store.dedup import parse_position, position
 from eoguard.store.keys import KeySpace
 from eoguard_spark.decode import RowStatus, decode
 from eoguard_spark.dedup import position_column, shard_column
+from tests.claim_vectors import EDGE_IDS, PARTITION_OFFSETS, READERS, SHARDS, TOPICS, uuid_ids
 
 pytestmark = pytest.mark.spark
 
@@ -128,11 +128,11 @@ def test_payload_decodes_into_columns_with_its_schema(spark: SparkSession) -> No
     assert rows[2]["reason"] == f"corrupt payload: not a valid {ORDER}"
 
 
-@pytest.mark.parametrize("shards", [1, 4, 16, 1000])
+@pytest.mark.parametrize("shards", SHARDS)
 def test_shard_column_places_ids_as_the_keyspace_does(spark: SparkSession, shards: int) -> None:
     """UUIDs, other ASCII, non-ASCII and characters outside the BMP: Spark's CRC-32 of the
     UTF-8 bytes and ``zlib.crc32`` agree, and so do the two moduli (never negative)."""
-    ids = [str(uuid.uuid4()) for _ in range(200)] + ["", "x", "\u00fc-\U0001f600", "a|b{c}"]
+    ids = [*uuid_ids(200), *EDGE_IDS]
     df = spark.createDataFrame([(i,) for i in ids], "id string")
 
     got = {r["id"]: r["shard"] for r in df.select("id", shard_column(shards).alias("shard"))
@@ -147,19 +147,19 @@ def test_shard_column_places_ids_as_the_keyspace_does(spark: SparkSession, shard
 def test_position_column_spells_eoguards_position(spark: SparkSession) -> None:
     """Length prefixes included, for topics and readers holding '|', ':', digits, non-ASCII
     characters and characters outside the BMP (Spark's length and Python's len agree)."""
-    reader = "spark|q:1 \u00fc\U0001f600"
-    topics = ["orders", "a|b:c", "12:x|3", "\u00f6l-\U0001f600", ""]
-    df = spark.createDataFrame([(t, p, o) for t in topics for p, o in ((0, 0), (3, 2**40))],
+    reader = READERS[1]
+    topics = TOPICS
+    df = spark.createDataFrame([(t, p, o) for t in topics for p, o in PARTITION_OFFSETS],
                                "topic string, partition int, offset long")
 
     got = {r["position"] for r in df.select(position_column(reader).alias("position")).collect()}
 
-    expected = {position(reader, t, p, o) for t in topics for p, o in ((0, 0), (3, 2**40))}
+    expected = {position(reader, t, p, o) for t in topics for p, o in PARTITION_OFFSETS}
     print(f"positions checked={len(got)}")
     assert got == expected
     assert len(got) == 10
     assert {parse_position(text) for text in got} == {
-        (reader, t, p, o) for t in topics for p, o in ((0, 0), (3, 2**40))}
+        (reader, t, p, o) for t in topics for p, o in PARTITION_OFFSETS}
 
 
 def generated(df: DataFrame) -> list[tuple[str, int]]:

@@ -30,33 +30,9 @@ from eoguard.stack.feed import envelope
 from eoguard.store.dedup import ClaimResult, DedupStore, DoneResult
 from eoguard.store.keys import KeySpace
 from eoguard.store.scripts import Prepared
+from tests.consumer_kit import Record
 
 CODEC = EnvelopeCodec()
-
-
-class Record:
-    """A consumed Kafka record: what the pipeline reads of confluent-kafka's Message."""
-
-    def __init__(self, offset: int, value: bytes, partition: int = 0) -> None:
-        self._offset, self._value, self._partition = offset, value, partition
-
-    def topic(self) -> str:
-        return "t"
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
-
-    def value(self) -> bytes:
-        return self._value
-
-    def key(self) -> bytes | None:
-        return None
-
-    def headers(self) -> None:
-        return None
 
 
 class Sink:
