@@ -1,4 +1,4 @@
-"""Steps 2-7 of the GuardedConsumer loop: decode, claim, handle, done, retry.
+"""Steps 2-7 of the GuardedConsumer loop: decode, claim, handle, done, plan the retries.
 
 A :class:`Batch` holds the records of one ``consume`` call: the unit whose offsets are stored
 and committed, and (dedup v2) one claim pass: its claims name the batch's token, and its lease
@@ -340,20 +340,6 @@ class BatchProcessor:
             wait_s = 0.0 if handled_any else backoff_s
             waits.append(min(wait_s, max(0.0, batch.busy_until - time.monotonic())))
         return retry, min(waits, default=0.0)
-
-    def finish(self, batch: Batch, retry: list[Inbound], wait_s: float) -> None:
-        """Steps 4-7 again, one claim pass and two round trips each, until nothing of
-        ``batch`` is left to retry."""
-        while retry:
-            if wait_s > 0:
-                time.sleep(wait_s)
-            batch.items = retry
-            [claimed] = self.send([self.claim_call(batch)])()
-            self.sort(batch, claimed)
-            ok, failed = self.handle(batch.items)
-            [report] = self.send([self.done_call(batch, ok)])()
-            failed += self.settle_done(batch, ok, report)
-            retry, wait_s = self.plan(failed, batch, handled_any=bool(ok))
 
     def _expired(self, msg: Message, envelope: Envelope) -> None:
         self.stats.expired += 1

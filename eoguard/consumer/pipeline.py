@@ -9,20 +9,26 @@ cores shared with Redis and the broker). Every round trip has a connection of it
 (:meth:`eoguard.store.dedup.DedupStore.send`), so one waiting does not hold up another.
 
 The timeline of a batch B decoded at poll k, in the steady state (each poll handles one
-batch and sends one round trip; a run of reads starts by claiming what it read at once):
+batch and sends one round trip; a run of reads starts by claiming what it read at once). Each
+row is one function of :class:`Pipeline`:
 
-    ========  ==============================================================  ============
-    poll      what happens to B                                               B's stage
-    ========  ==============================================================  ============
-    k         consumed and decoded (Steps 1-3); its claims sent, under a      CLAIMING
-              token of its own, in the round trip of the batch handled at k
-    k+2       its claims land (what is ours kept, BUSY set aside)             CLAIMED
-    k+3       handled (Steps 5-6); its done marks sent, after the claims of   MARKING
-              the batches decoded since, in one round trip
-    k+5       its done marks land; retries and BUSY waits finish at once      COMMITTED
-              (Step 7: their own round trips); dead letters flushed, offsets
-              stored and committed in consume order (Step 8)
-    ========  ==============================================================  ============
+    ====  ===================================================================  ==========
+    poll  what happens to B (the function)                                     B's stage
+    ====  ===================================================================  ==========
+    k     consumed and decoded, Steps 1-3 (:meth:`~Pipeline.read_ahead`)       DECODED
+    k     its claims sent, under a token of its own, in the round trip of      CLAIMING
+          the batch handled at k (:meth:`~Pipeline.handle`)
+    k+2   its claims land: what is ours kept, BUSY set aside                   CLAIMED
+          (:meth:`~Pipeline._claims_land`)
+    k+3   handled, Steps 5-6; its done marks sent, after the claims of the     MARKING
+          batches decoded since, in one round trip (:meth:`~Pipeline.handle`)
+    k+5   its done marks land: what was marked done counted, what to retry    MARKING
+          planned (:meth:`~Pipeline._done_lands`)
+    k+5   Step 7: retries and BUSY waits, at once, each round one claim pass   MARKING
+          with two round trips of its own (:meth:`~Pipeline._retry`)
+    k+5   Step 8: dead letters flushed, offsets stored and committed in        COMMITTED
+          consume order (:meth:`~Pipeline._commit_batch`)
+    ====  ===================================================================  ==========
 
 A batch with messages to retry, or BUSY ones, lands its done marks in the poll that handled
 it. When no more records come, the pipeline lands what is in flight at the next poll, so a
@@ -38,6 +44,7 @@ committed at k+1. Once reads fill up again (the consumer fell behind), overlap r
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -218,23 +225,53 @@ class Pipeline:
         self._decoded.clear()
 
     def _land(self) -> None:
-        """Read the oldest round trip: its claimed batches queue up to be handled; Steps 7
-        and 8 for the batch it marked done."""
+        """Read the oldest round trip: its claims land, then the done marks it carried."""
         flight = self._flights[0]
         landed = flight.land()
-        batches, done = self._batches, flight.done
-        for batch, report in landed.claimed:
-            batches.sort(batch, report)
+        self._claims_land(landed.claimed)
+        flight.claims = []
+        done = flight.done
+        if done is not None and landed.done is not None:
+            retry, wait_s = self._done_lands(flight, done, landed.done)
+            self._retry(done, retry, wait_s)  # Step 7.
+            self._commit_batch(done)  # Step 8.
+        self._flights.popleft()
+
+    def _claims_land(self, claimed: list[tuple[Batch, ClaimReport]]) -> None:
+        """Each batch keeps what its claims made ours (BUSY set aside) and queues up to be
+        handled, in order."""
+        for batch, report in claimed:
+            self._batches.sort(batch, report)
             batch.advance(BatchStage.CLAIMED)
             self._claimed.append(batch)  # held as claimed now
-        flight.claims = []
-        if done is not None and landed.done is not None:
-            again = batches.settle_done(done, flight.ok, landed.done)
-            # handled_any: the done marks of the batches before this one have landed, so a
-            # BUSY copy of one of their messages is done now and is claimed again at once.
-            retry, wait_s = batches.plan(flight.failed + again, done, handled_any=True)
-            batches.finish(done, retry, wait_s)  # Step 7, its own round trips per retry round.
-            self._dead.flush()  # Step 8.
-            self._commit(done.ends)
-            done.advance(BatchStage.COMMITTED)
-        self._flights.popleft()
+
+    def _done_lands(self, flight: RoundTrip, batch: Batch, report: DoneReport
+                    ) -> tuple[list[Inbound], float]:
+        """Count what ``batch``'s done marks marked done; what goes back to Step 4 (failed,
+        refused, BUSY) and the wait before it."""
+        again = self._batches.settle_done(batch, flight.ok, report)
+        # handled_any: the done marks of the batches before this one have landed, so a
+        # BUSY copy of one of their messages is done now and is claimed again at once.
+        return self._batches.plan(flight.failed + again, batch, handled_any=True)
+
+    def _retry(self, batch: Batch, retry: list[Inbound], wait_s: float) -> None:
+        """Step 7: Steps 4-7 again for ``retry`` until nothing of ``batch`` is left to retry;
+        each round one claim pass, its claims and its done marks each a round trip of their
+        own, sent and landed at once (the batch's offsets wait on it)."""
+        batches, send = self._batches, self._send
+        while retry:
+            if wait_s > 0:
+                time.sleep(wait_s)
+            batch.items = retry
+            [claimed] = send([batches.claim_call(batch)])()
+            batches.sort(batch, claimed)
+            ok, failed = batches.handle(batch.items)
+            [report] = send([batches.done_call(batch, ok)])()
+            failed += batches.settle_done(batch, ok, report)
+            retry, wait_s = batches.plan(failed, batch, handled_any=bool(ok))
+
+    def _commit_batch(self, batch: Batch) -> None:
+        """Step 8: its dead letters flushed, then its offsets stored and committed."""
+        self._dead.flush()
+        self._commit(batch.ends)
+        batch.advance(BatchStage.COMMITTED)
