@@ -1,12 +1,19 @@
 """The GuardedConsumer: expiry, Redis claims, handlers, done marks, then offset commits.
 
 Nothing here imports :mod:`eoguard.producer`; the two subsystems share only the layers below.
-The modules use one set of verbs:
+A claim's life has one set of verbs, the same in the store, the Spark job and docs/design.md:
 
-- Redis: a *pass* (a batch, or a retry round of it) *claims* its messages under a token of its
-  own; its *done* marks settle every claim it made: the handled ones done, the others *let go*
-  (failed, refused, expired, dropped); *give back* ends a pass's lease now; *hold* and *drop*
-  start and stop the renewal of a pass's lease (:mod:`eoguard.consumer.leases`).
+- *claim*: a *pass* (a batch, or a retry round of it) claims its messages under a token of its
+  own. A claim at the pass's own position is *re-owned* (MINE); one under a lapsed lease is
+  *taken over* (NEW).
+- *handle*: the handler runs on what the pass claimed.
+- *mark done*: the pass's done marks make its handled claims done (their effects applied)
+  and *release* the others (failed, refused, expired, dropped): a released claim is deleted
+  while it still names the token. Past ``max_retries`` a message is *dead-lettered*.
+- *give up*: the Spark job only: a claim still BUSY when its settling pass stops waiting is
+  given up for good under the token (PASSED); a consumer never gives a claim up, it skips it.
+- *give back*: a pass's lease ends now, so its open claims are free to take over; *hold* and
+  *drop* start and stop the renewal of a pass's lease (:mod:`eoguard.consumer.leases`).
 - Local bookkeeping: a batch is *decoded*, *claimed*, *handled*, *committed*
   (:class:`~eoguard.consumer.state.BatchStage`); records of partitions taken away are
   *dropped* from the batches that hold them; a batch whose round trip cannot land is

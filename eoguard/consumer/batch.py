@@ -132,7 +132,7 @@ class BatchProcessor:
         self.leases.hold(token, self._dedup.records(token, claims))
         return self._dedup.prepare_claim(token, claims)
 
-    def sort(self, batch: Batch, report: ClaimReport) -> None:
+    def sort_claims(self, batch: Batch, report: ClaimReport) -> None:
         """Keep in ``batch.items`` (and ``batch.claimed``) what the claim pass made ours;
         set BUSY items aside; count, dead-letter or drop the rest."""
         if not batch.busy_until:  # set at the first claim: retries do not extend it
@@ -180,7 +180,7 @@ class BatchProcessor:
             live = []
             for item in items:
                 if item.envelope.expires_at_ms <= now:
-                    self._expired(item.msg, item.envelope)  # its claim is let go by the done
+                    self._expired(item.msg, item.envelope)  # its claim is released by the done
                 else:
                     live.append(item)
             items = live
@@ -190,7 +190,7 @@ class BatchProcessor:
             outputs, late = self._call_handler(items)
         else:
             late, outputs = False, self._call_batch_handler(items)
-        if late:  # expired in the batch: neither handled nor failed; the done lets them go
+        if late:  # expired in the batch: neither handled nor failed; the done releases them
             items = [item for item in items if item.error is not _EXPIRED_IN_BATCH]
         for out in outputs:
             self._sink.produce(out.topic, out.value, out.key)
@@ -254,7 +254,7 @@ class BatchProcessor:
 
     def done_call(self, batch: Batch, ok: list[Inbound]) -> Prepared[DoneReport]:
         """The claim pass's done marks: ``ok`` handled (with their Redis effects), every other
-        claim of the pass let go (failed, dropped); then the senders' outbox acks."""
+        claim of the pass released (failed, dropped); then the senders' outbox acks."""
         self.leases.drop(batch.token)
         claimed = batch.claimed
         handled = None
@@ -267,7 +267,7 @@ class BatchProcessor:
         return self._dedup.prepare_done(batch.token, [item.claim for item in claimed],
                                         handled=handled, effects=effects, extra=extra)
 
-    def settle_done(self, batch: Batch, ok: list[Inbound], report: DoneReport) -> list[Inbound]:
+    def sort_done(self, batch: Batch, ok: list[Inbound], report: DoneReport) -> list[Inbound]:
         """Count what was marked done; returns the handled items to claim and handle again
         (effects refused, or the claim vanished: nothing of theirs was applied)."""
         results = report.results
@@ -279,7 +279,7 @@ class BatchProcessor:
         again: list[Inbound] = []
         for i, (item, result) in enumerate(zip(claimed, results, strict=True)):
             if id(item) not in handled:
-                continue  # let go: released, or no longer ours anyway
+                continue  # released, or no longer ours anyway
             if result is _OK:
                 self.stats.handled += 1
             elif result is _EFFECT_ERROR and out_of_memory(report.details[i]):
@@ -305,7 +305,7 @@ class BatchProcessor:
     # Step 7 ------------------------------------------------------------------------------
     def plan(self, failed: list[Inbound], batch: Batch, *,
              handled_any: bool) -> tuple[list[Inbound], float]:
-        """What goes back to Step 4 (failed claims already let go) and the wait before it.
+        """What goes back to Step 4 (failed claims already released) and the wait before it.
 
         Past ``max_retries`` failures of its handler a message is dead-lettered (a done mark
         that a full Redis refused, or whose claim vanished, is no failure of the handler). A
@@ -319,7 +319,7 @@ class BatchProcessor:
         waits: list[float] = []
         for item in failed:
             if item.failures > cfg.max_retries:
-                self._give_up(item)
+                self._dead_letter_failed(item)
             else:
                 retry.append(item)
                 self.stats.retries += 1
@@ -359,7 +359,7 @@ class BatchProcessor:
                          error_type="PartialEffects", error=detail, attempts=item.attempts,
                          message_id=item.envelope.id)
 
-    def _give_up(self, item: Inbound) -> None:
+    def _dead_letter_failed(self, item: Inbound) -> None:
         error = item.error
         log.warning("message %s failed %d times, dead-lettered: %r", item.envelope.id,
                     item.attempts, error)

@@ -39,7 +39,7 @@ holds back every record read past it until a retried seek takes (:mod:`eoguard.c
 Done marks Redis answered before it failed are counted and committed first. A record may be
 dead-lettered twice. Rebalances run inside Step 1: the round trips land first, then the
 records of the revoked or lost partitions are forgotten (a batch dropped whole is given back:
-its lease ends now; the others let the dropped claims go with their done marks, fenced), and
+its lease ends now; the others release the dropped claims with their done marks, fenced), and
 what is done is committed.
 """
 
@@ -322,7 +322,7 @@ class GuardedConsumer:
         """Land the round trips, then forget the records held of ``partitions`` (None: all).
 
         A batch dropped whole is given back (its lease ends now: one write per batch and
-        shard); one keeping other records lets the dropped claims go with its done marks.
+        shard); one keeping other records releases the dropped claims with its done marks.
         """
         self._pipe.land_all()  # the claims sent are held now, the done marks committed
         dropped = self._pipe.drop(partitions)
@@ -365,7 +365,7 @@ class GuardedConsumer:
 
     def _on_lost(self, partitions: list[Partition]) -> None:
         # Lost (session timeout): another member of the group may already read them and hold
-        # these very records as MINE, under its own token: what we give back or let go is
+        # these very records as MINE, under its own token: what we give back or release is
         # fenced by our token, so it never touches its claims.
         try:
             self._drop_held(set(partitions))

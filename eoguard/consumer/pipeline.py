@@ -75,7 +75,7 @@ class Landed(NamedTuple):
 
 class RoundTrip:
     """One round trip to Redis: the claims of the batches in ``claims``, then the done marks
-    of ``done`` (its ``ok`` messages handled, its other claims let go); either may be empty."""
+    of ``done`` (its ``ok`` messages handled, its other claims released); either may be empty."""
 
     __slots__ = ("_read", "_tried", "claims", "done", "failed", "ok")
 
@@ -193,7 +193,7 @@ class Pipeline:
     def drop(self, partitions: set[Partition] | None) -> list[Batch]:
         """Forget the records of ``partitions`` (None: all) not in flight; returns the claimed
         batches dropped whole, whose claims the caller gives back (a batch keeping records of
-        other partitions lets the dropped ones go with its done marks). Land first."""
+        other partitions releases the dropped ones with its done marks). Land first."""
         dropped: list[Batch] = []
         for batch in [*self._claimed, *self._decoded]:
             if partitions is not None:
@@ -208,7 +208,7 @@ class Pipeline:
 
     def forget(self, partitions: set[Partition]) -> None:
         """Drop the records of ``partitions`` from every batch, in flight or not (a rebalance
-        hook that could not land the round trips): their claims lapse, or are let go by
+        hook that could not land the round trips): their claims lapse, or are released by
         their batch's done marks."""
         for batch in self.held():
             batch.drop(partitions)
@@ -241,7 +241,7 @@ class Pipeline:
         """Each batch keeps what its claims made ours (BUSY set aside) and queues up to be
         handled, in order."""
         for batch, report in claimed:
-            self._batches.sort(batch, report)
+            self._batches.sort_claims(batch, report)
             batch.advance(BatchStage.CLAIMED)
             self._claimed.append(batch)  # held as claimed now
 
@@ -249,7 +249,7 @@ class Pipeline:
                     ) -> tuple[list[Inbound], float]:
         """Count what ``batch``'s done marks marked done; what goes back to Step 4 (failed,
         refused, BUSY) and the wait before it."""
-        again = self._batches.settle_done(batch, flight.ok, report)
+        again = self._batches.sort_done(batch, flight.ok, report)
         # handled_any: the done marks of the batches before this one have landed, so a
         # BUSY copy of one of their messages is done now and is claimed again at once.
         return self._batches.plan(flight.failed + again, batch, handled_any=True)
@@ -264,10 +264,10 @@ class Pipeline:
                 time.sleep(wait_s)
             batch.items = retry
             [claimed] = send([batches.claim_call(batch)])()
-            batches.sort(batch, claimed)
+            batches.sort_claims(batch, claimed)
             ok, failed = batches.handle(batch.items)
             [report] = send([batches.done_call(batch, ok)])()
-            failed += batches.settle_done(batch, ok, report)
+            failed += batches.sort_done(batch, ok, report)
             retry, wait_s = batches.plan(failed, batch, handled_any=bool(ok))
 
     def _commit_batch(self, batch: Batch) -> None:

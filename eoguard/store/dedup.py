@@ -222,13 +222,16 @@ class DedupStore:
 
         return Prepared(calls, parse)
 
-    def finish(self, token: str, shards: Sequence[int] | None = None) -> None:
+    def mark_done(self, token: str, shards: Sequence[int] | None = None) -> None:
         """Mark the batch records of the pass ``token`` on ``shards`` done (see
-        :meth:`prepare_finish`)."""
-        self._run(self.prepare_finish(token, shards), "marking a batch done")
+        :meth:`prepare_mark_done`)."""
+        self._run(self.prepare_mark_done(token, shards), "marking a batch done")
 
-    def prepare_finish(self, token: str, shards: Sequence[int] | None = None
-                       ) -> Prepared[None]:
+    finish = mark_done
+    """The earlier name of :meth:`mark_done` (public API: kept for callers)."""
+
+    def prepare_mark_done(self, token: str, shards: Sequence[int] | None = None
+                          ) -> Prepared[None]:
         """Mark done every batch record of the pass ``token`` on ``shards`` (default: every
         shard), without naming its claims: every claim still naming the token is done.
 

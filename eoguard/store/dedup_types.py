@@ -62,7 +62,7 @@ class DoneResult(enum.Enum):
     # An effect failed after the check passed, midway: what came before it stays applied (Redis
     # cannot roll back), so the key is marked PARTIAL (done for every reader), never retried.
     PARTIAL = 5
-    RELEASED = 6  # let go (failed, dropped) and still ours: the claim deleted
+    RELEASED = 6  # not handled (failed, dropped) and still ours: the claim deleted
 
 
 class RenewResult(enum.Enum):

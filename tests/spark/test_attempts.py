@@ -2,8 +2,8 @@
 claim pass (:func:`eoguard_spark.claims.claim_partition`), without a SparkSession.
 
 The driver marks a micro-batch done with one call covering every claim that still names its
-token (``DedupStore.finish``, as ``BatchProcessor._mark_done`` does), so every attempt of a task
-must leave the same claims under the token. Claims an attempt made do (the next attempt finds
+token (``DedupStore.mark_done``, as ``MicroBatchRunner._mark_done`` does), so every attempt of
+a task must leave the same claims under the token. Claims an attempt made do (the next attempt finds
 them MINE); a BUSY claim does not: its answer changes when the holder lets go. The committed
 attempt S1 gave up a row the scope's GuardedConsumer held; the consumer let it go; a later
 attempt S2 (speculative, or on an executor Spark gave up on) took it under the token, and its
@@ -118,11 +118,11 @@ def consumer_holds(consumer: DedupStore, task: Task, *names: str) -> tuple[str, 
 
 
 def driver_marks_done(conf: ClaimSettings) -> None:
-    """Step 5 of the job as ``BatchProcessor._mark_done`` runs it: the scope's store on the
-    driver's own client, one ``finish`` of the token over every shard."""
+    """Step 5 of the job as ``MicroBatchRunner._mark_done`` runs it: the scope's store on the
+    driver's own client, one ``mark_done`` of the token over every shard."""
     client = conf.connect()
     try:
-        conf.store(client).finish(conf.token)
+        conf.store(client).mark_done(conf.token)
     finally:
         client.close()
 

@@ -141,7 +141,7 @@ def test_a_replay_of_a_done_batch_keeps_its_rows_and_leaves_out_what_it_did_not_
     conf = settings(redis_url, key_prefix)
     assert claim(conf, rows([a, b], [0, 1])) == [["new", "new"]]
     dedup = store(redis_client, key_prefix)
-    dedup.finish(TOKEN)
+    dedup.mark_done(TOKEN)
     records = dedup.batch_records(TOKEN)
     assert sorted(s for s, r in enumerate(records) if r is not None) == sorted(taken)
     assert all(r.state is BatchState.DONE for r in records if r is not None)
@@ -181,9 +181,9 @@ def test_the_done_mark_completes_only_this_batchs_claims_and_acks_the_outbox(
     assert len(stored.stored) == 4
 
     before = dedup.batch_records(TOKEN)
-    dedup.finish(TOKEN)
+    dedup.mark_done(TOKEN)
     after = dedup.batch_records(TOKEN)
-    dedup.finish(TOKEN)  # again (a replay): nothing changes
+    dedup.mark_done(TOKEN)  # again (a replay): nothing changes
     acked = ack_partition(conf, iter([pa.RecordBatch.from_pydict({"id": ids[:6]})]))
 
     opened = [r for r in before if r is not None]

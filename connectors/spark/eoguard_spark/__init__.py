@@ -6,8 +6,15 @@ Importing this package needs pyspark and pyarrow (``pip install ./connectors/spa
 """
 
 from eoguard_spark.acks import wait_for_acks
-from eoguard_spark.job import BatchProcessor, BatchStats, build_query, local_session, run
+from eoguard_spark.job import (
+    BatchProcessor,
+    BatchStats,
+    MicroBatchRunner,
+    build_query,
+    local_session,
+    run,
+)
 from eoguard_spark.options import DedupMode, JobOptions
 
-__all__ = ["BatchProcessor", "BatchStats", "DedupMode", "JobOptions", "build_query",
-           "local_session", "run", "wait_for_acks"]
+__all__ = ["BatchProcessor", "BatchStats", "DedupMode", "JobOptions", "MicroBatchRunner",
+           "build_query", "local_session", "run", "wait_for_acks"]

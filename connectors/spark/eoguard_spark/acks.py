@@ -11,7 +11,7 @@ commits batch N, every pass before N's has ended without an error.
 
 A crash can cut a pass short after Spark committed its batch, so no replay runs it again.
 The job's first micro-batch after a start acknowledges the batch before it once more (see
-``BatchProcessor``; acknowledging a record twice is harmless). Until then the records stay in
+``MicroBatchRunner``; acknowledging a record twice is harmless). Until then the records stay in
 the outbox (their TTL ends them at expiry), and nothing resends them: they are in Kafka,
 which their producer knows. A pass that fails is logged at once and raised again in the next
 batch, which fails the query as an inline pass would have (or by :func:`wait_for_acks`).

@@ -1,6 +1,6 @@
 """One micro-batch of the job (``foreachBatch``): claims, sinks, ledger, done mark, acks.
 
-:class:`BatchProcessor` is the function Spark calls per micro-batch; its docstring lists the
+:class:`MicroBatchRunner` is the function Spark calls per micro-batch; its docstring lists the
 steps. The Redis mode's one pass over a batch is :mod:`eoguard_spark.one_pass`, the steps all
 paths share are in :mod:`eoguard_spark.frames`, and :class:`BatchStats` (what each batch
 reports to ``on_batch``) in :mod:`eoguard_spark.stats`.
@@ -31,7 +31,7 @@ from eoguard_spark.dedup import (
     batch_token,
     claim_status,
     position_column,
-    resolve_busy,
+    settle_busy,
 )
 from eoguard_spark.frames import dead_letters, dead_letters_due, keep, status_counts
 from eoguard_spark.lease import BatchLease
@@ -41,7 +41,7 @@ from eoguard_spark.sink import BatchLedger, ParquetBatchSink, query_id_of, resol
 from eoguard_spark.stats import BatchStats
 from eoguard_spark.worker import ack_files
 
-__all__ = ["BatchProcessor", "BatchStats", "ForeachBatch"]
+__all__ = ["BatchProcessor", "BatchStats", "ForeachBatch", "MicroBatchRunner"]
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ ID_ONLY = StructType([StructField("id", StringType())])
 """What the acknowledgement pass reads of a committed batch."""
 
 
-class BatchProcessor:
+class MicroBatchRunner:
     """The ``foreachBatch`` function. Per micro-batch ``N`` (Redis mode: under the token
     :func:`eoguard_spark.dedup.batch_token` derives from the reader, the query id and ``N``):
 
@@ -210,7 +210,7 @@ class BatchProcessor:
                 if stats.rows.get(RowStatus.BUSY.value) and not settings.token_done:
                     del stats.rows[RowStatus.BUSY.value]
                     # Only the few settled rows are cached again, not the whole batch.
-                    settled = keep(resolve_busy(classified, settings), stats, cached)
+                    settled = keep(settle_busy(classified, settings), stats, cached)
                     classified = (classified.filter(status != RowStatus.BUSY.value)
                                   .unionByName(settled))
                 columns.append("position")
@@ -265,7 +265,7 @@ class BatchProcessor:
         whose row did not reach the sinks, so each claim still naming it is handled)."""
         store = self._store()
         before = store.batch_records(token)  # for the statistics only
-        store.finish(token)
+        store.mark_done(token)
         now = now_ms()
         for record in before:
             if record is None:
@@ -323,3 +323,8 @@ class BatchProcessor:
         # One row of counts per partition comes back (never the rows themselves).
         parts = rows.mapInArrow(ack_partitions(self.settings), ACK_COUNTS_SCHEMA).collect()
         return sum(int(part["acked"]) for part in parts)
+
+
+BatchProcessor = MicroBatchRunner
+"""The earlier name of :class:`MicroBatchRunner` (kept for code that imports it; the
+consumer has a ``BatchProcessor`` of its own)."""

@@ -82,10 +82,10 @@ class _Partition:
 
         Step 1. A copy of an id this partition won already is a duplicate, with no claim.
         Step 2. Claim the rest under the batch's token, ``batch_size`` per round trip.
-        Step 3. Settle the results (:meth:`_settle`): a BUSY claim held by this batch's token
+        Step 3. Sort the results (:meth:`_sort_claims`): a BUSY claim held by this batch's token
                 (a copy of the id elsewhere in the batch) is a duplicate.
         Step 4. Other BUSY claims are claimed again until ``busy_wait_ms`` (none in the
-                first pass, see :func:`eoguard_spark.dedup.resolve_busy`); with
+                first pass, see :func:`eoguard_spark.dedup.settle_busy`); with
                 ``give_up_busy``, those still BUSY then are given up for good (see above).
         """
         won = self.won
@@ -104,7 +104,7 @@ class _Partition:
             for i in rows:
                 status[i] = _NEW
             return
-        settled, busy = self._settle(claims, report)  # Step 3.
+        settled, busy = self._sort_claims(claims, report)  # Step 3.
         for i, row_status in zip(rows, settled, strict=True):
             status[i] = row_status
         if busy and (self.settings.busy_wait_ms > 0 or self.settings.give_up_busy):  # Step 4.
@@ -113,7 +113,7 @@ class _Partition:
             for j, row_status in zip(busy, waited, strict=True):
                 status[rows[j]] = row_status
 
-    def _settle(self, claims: list[Claim], report: ClaimReport
+    def _sort_claims(self, claims: list[Claim], report: ClaimReport
                 ) -> tuple[list[str], list[int]]:
         """The row status of each claim's result, and the indexes of the claims still BUSY.
 
@@ -186,7 +186,7 @@ class _Partition:
             report = self.store.run([self.store.prepare_claim(self.token, chunk,
                                                               give_up_busy=last)],
                                     "claiming busy rows")[0]
-            settled, still = self._settle(chunk, report)
+            settled, still = self._sort_claims(chunk, report)
             for i, row_status in zip(pending, settled, strict=True):
                 out[i] = row_status
             if last:

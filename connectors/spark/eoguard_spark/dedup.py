@@ -14,7 +14,7 @@ duplicate (same id, another offset) or the same record read by another reader of
 GuardedConsumer's group) is skipped once done, waited on while BUSY (then given up for good
 under the token, so every attempt of the task leaves it out: :mod:`eoguard_spark.claims`), and
 taken over once its lease lapsed. The lease and the done mark are the batch's: the driver marks the batch's
-records done once the sinks hold it (:meth:`eoguard.store.dedup.DedupStore.finish`).
+records done once the sinks hold it (:meth:`eoguard.store.dedup.DedupStore.mark_done`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from eoguard_spark.decode import RowStatus
 from eoguard_spark.worker import ClaimSettings, ack_partition
 
 __all__ = ["ACK_COUNTS_SCHEMA", "ClaimSettings", "ack_partitions", "batch_token", "claim_status",
-           "position_column", "resolve_busy", "shard_column"]
+           "position_column", "settle_busy", "shard_column"]
 
 ArrowMap = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
@@ -99,7 +99,7 @@ def claim_status(settings: ClaimSettings) -> Column:
     return column
 
 
-def resolve_busy(claimed: DataFrame, settings: ClaimSettings) -> DataFrame:
+def settle_busy(claimed: DataFrame, settings: ClaimSettings) -> DataFrame:
     """The BUSY rows of a claim pass made without waiting, settled (only those rows).
 
     BUSY rows are held by another reader of the scope (a GuardedConsumer, another job); the

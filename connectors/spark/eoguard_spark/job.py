@@ -2,7 +2,7 @@
 
 :func:`build_query` starts it on a session the caller owns; :func:`run` builds a local
 session and blocks; ``python -m eoguard_spark`` is the command. Every micro-batch goes
-through :class:`BatchProcessor` (``foreachBatch``); its docstring lists the steps.
+through :class:`MicroBatchRunner` (``foreachBatch``); its docstring lists the steps.
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ from eoguard.stack import spark_jars
 from eoguard.store.client import connect
 from eoguard.store.layout import check_layout
 from eoguard_spark.acks import wait_for_acks
-from eoguard_spark.batch import BatchProcessor, BatchStats, ForeachBatch
+from eoguard_spark.batch import BatchProcessor, BatchStats, ForeachBatch, MicroBatchRunner
 from eoguard_spark.decode import RowStatus, decode
 from eoguard_spark.options import DedupMode, JobOptions
 from eoguard_spark.redaction import redaction_conf
 from eoguard_spark.sink import reader_mismatch, recorded_reader
 
-__all__ = ["BatchProcessor", "BatchStats", "build_query", "local_session", "run"]  # re-exported
+__all__ = ["BatchProcessor", "BatchStats", "MicroBatchRunner", "build_query", "local_session",
+           "run"]  # re-exported
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def build_query(spark: SparkSession, options: JobOptions, *,
         raise ConfigError("the job needs a sink: output_path and/or a foreach_batch hook")
     for hook, name in ((foreach_batch, "foreach_batch"), (transform, "transform"),
                        (on_batch, "on_batch")):
-        require_sync(hook, name)  # before any connection (BatchProcessor checks its own too)
+        require_sync(hook, name)  # before any connection (MicroBatchRunner checks its own too)
     _check_speculation(spark, options, foreach_batch)
     if options.dedup is DedupMode.REDIS:
         _check_layout(options)
@@ -121,7 +122,7 @@ def build_query(spark: SparkSession, options: JobOptions, *,
             .withWatermark("_event_time", options.watermark_delay)
             .dropDuplicatesWithinWatermark(["_dedup_key"])
         )
-    processor = BatchProcessor(spark, options, foreach_batch=foreach_batch, on_batch=on_batch)
+    processor = MicroBatchRunner(spark, options, foreach_batch=foreach_batch, on_batch=on_batch)
     writer = (rows.writeStream.foreachBatch(processor)
               .option("checkpointLocation", options.checkpoint))
     if options.query_name:

@@ -34,7 +34,7 @@ positions of a batch's BUSY and late-expired rows, usually none, but all of them
 replay long after its batch finds every row expired by Redis's clock, or another reader of the
 scope holds the whole batch. A bound on the batch bounds that list (~60 MB of Python rows at
 most); an unbounded batch takes the cached path, which settles them in place. The same bound
-lets the driver acknowledge a committed batch itself (``BatchProcessor._ack_committed``): it
+lets the driver acknowledge a committed batch itself (``MicroBatchRunner._ack_committed``): it
 reads at most this many ids a pass."""
 
 _DECODED = "_decoded"  # the status the decode gave, beside the claim's

@@ -6,7 +6,7 @@ Plain Python over Arrow (no pyspark), like :mod:`eoguard_spark.claims` (the clai
 sends its ids ``batch_size`` per round trip through :class:`eoguard.store.dedup.DedupStore`
 (one script call per hash slot), the very keys and rules a GuardedConsumer of the scope uses.
 The done mark is not theirs: the driver marks the micro-batch's records done once the sinks
-hold it (one call per batch, see :class:`eoguard_spark.batch.BatchProcessor`). The driver
+hold it (one call per batch, see :class:`eoguard_spark.batch.MicroBatchRunner`). The driver
 runs the acknowledgement pass itself (:func:`ack_files`) when the batch's files are on its
 own filesystem.
 """
