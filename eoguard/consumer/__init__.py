@@ -5,7 +5,8 @@ A claim's life has one set of verbs, the same in the store, the Spark job and do
 
 - *claim*: a *pass* (a batch, or a retry round of it) claims its messages under a token of its
   own. A claim at the pass's own position is *re-owned* (MINE); one under a lapsed lease is
-  *taken over* (NEW).
+  *taken over* (NEW). What each outcome means for the pass, for a consumer and for the Spark
+  job, is one policy: :mod:`eoguard.store.claim_policy`.
 - *handle*: the handler runs on what the pass claimed.
 - *mark done*: the pass's done marks make its handled claims done (their effects applied)
   and *release* the others (failed, refused, expired, dropped): a released claim is deleted

@@ -11,7 +11,6 @@ what it holds.
 from __future__ import annotations
 
 import logging
-import time
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +35,7 @@ from eoguard.envelope import Envelope, now_ms
 from eoguard.errors import CodecError, StateError, StoreError, StoreOutOfMemoryError
 from eoguard.kafka.consumer import Partition
 from eoguard.kafka.sink import DeliverySink
+from eoguard.store.claim_policy import CONSUMER, BusyWait, Verdict
 from eoguard.store.client import out_of_memory
 from eoguard.store.dedup import (
     Claim,
@@ -53,10 +53,10 @@ log = logging.getLogger(__name__)
 Send = Callable[[list[Prepared[Any]]], Callable[[], list[Any]]]
 """Sends prepared calls in one round trip; the function returned reads their parsed replies."""
 
-_NEW, _MINE, _BUSY = ClaimResult.NEW, ClaimResult.MINE, ClaimResult.BUSY
-_DUPLICATE, _DONE_HERE, _PARTIAL_HERE = (ClaimResult.DUPLICATE, ClaimResult.DONE_HERE,
-                                          ClaimResult.PARTIAL)
-_EXPIRED = ClaimResult.EXPIRED
+_NEW, _BUSY = ClaimResult.NEW, ClaimResult.BUSY
+_POLICY = CONSUMER
+_HANDLE, _WAIT, _DUPLICATE = Verdict.HANDLE, Verdict.WAIT, Verdict.DUPLICATE
+_REDELIVERED, _DEAD_LETTER, _EXPIRED = Verdict.REDELIVERED, Verdict.DEAD_LETTER, Verdict.EXPIRED
 _OK, _EFFECT_ERROR, _ABSENT = DoneResult.OK, DoneResult.EFFECT_ERROR, DoneResult.ABSENT
 _PARTIAL = DoneResult.PARTIAL
 _EXPIRED_IN_BATCH = StateError("expired while its batch was handled")  # marks, never raised
@@ -134,33 +134,34 @@ class BatchProcessor:
 
     def sort_claims(self, batch: Batch, report: ClaimReport) -> None:
         """Keep in ``batch.items`` (and ``batch.claimed``) what the claim pass made ours;
-        set BUSY items aside; count, dead-letter or drop the rest."""
+        set BUSY items aside; count, dead-letter or drop the rest (what each outcome means:
+        :data:`eoguard.store.claim_policy.CONSUMER`)."""
         if not batch.busy_until:  # set at the first claim: retries do not extend it
-            batch.busy_until = time.monotonic() + self.config.busy_wait_s
+            batch.busy_until = BusyWait.starting_now(self.config.busy_wait_s).deadline
         results = report.results
         if results.count(_NEW) == len(results):  # the common case: all ours
             batch.claimed = batch.items
             return
         mine: list[Inbound] = []
         for i, (item, result) in enumerate(zip(batch.items, results, strict=True)):
-            if result is _NEW or result is _MINE:
+            # A BUSY copy of a message a pass of ours holds (read ahead, or earlier in this
+            # batch): that pass handles it, or releases it to be read again. Waiting here
+            # would wait on ourselves: the pass is handled after this batch.
+            own = result is _BUSY and self.leases.holds(report.holders.get(i, ""))
+            verdict = _POLICY.verdict(result, own_holder=own)
+            if verdict is _HANDLE:
                 mine.append(item)
-            elif result is _BUSY and self.leases.holds(report.holders.get(i, "")):
-                # A copy of a message a pass of ours holds (read ahead, or earlier in this
-                # batch): that pass handles it, or lets it go to be read again. Waiting here
-                # would wait on ourselves: the pass is handled after this batch.
-                self.stats.duplicates += 1
-            elif result is _BUSY:
+            elif verdict is _WAIT:
                 batch.busy.append(item)
                 batch.lease_left_ms.append(report.lease_ms[i])
-            elif result is _DUPLICATE:
+            elif verdict is _DUPLICATE:
                 self.stats.duplicates += 1
-            elif result is _DONE_HERE:
+            elif verdict is _REDELIVERED:
                 self.stats.redelivered += 1
-            elif result is _PARTIAL_HERE:  # our own PARTIAL, re-read before its dead letter
+            elif verdict is _DEAD_LETTER:
                 self._partial(item, "effects partially applied by an earlier attempt of this "
                                     "record (re-read before its dead letter was sent)")
-            elif result is _EXPIRED:
+            elif verdict is _EXPIRED:
                 self._expired(item.msg, item.envelope)
             else:  # STALE or PASSED: a consumer's token is fresh and never gives up a claim
                 raise StateError(f"batch {batch.token} is done already, or gave up {result.name} "
@@ -328,17 +329,17 @@ class BatchProcessor:
             waits.append(min(cfg.retry_backoff_s * 2 ** (first - 1), cfg.retry_backoff_max_s))
         busy, batch.busy = batch.busy, []
         lease_left_ms, batch.lease_left_ms = batch.lease_left_ms, []
-        if busy and time.monotonic() >= batch.busy_until:
+        busy_wait = BusyWait(batch.busy_until)
+        if busy and busy_wait.over():
             self.stats.busy_skipped += len(busy)
         elif busy:
             self.stats.busy_waits += 1
             retry += busy
             batch.busy_rounds += 1
-            backoff_s = min(cfg.retry_backoff_s * 2 ** (batch.busy_rounds - 1),
-                            cfg.retry_backoff_max_s, min(lease_left_ms) / 1000 + 0.01)
+            step_s = min(cfg.retry_backoff_s * 2 ** (batch.busy_rounds - 1),
+                         cfg.retry_backoff_max_s)
             # A duplicate of a message handled in this very batch is DONE at once: no wait.
-            wait_s = 0.0 if handled_any else backoff_s
-            waits.append(min(wait_s, max(0.0, batch.busy_until - time.monotonic())))
+            waits.append(0.0 if handled_any else busy_wait.next_s(step_s, lease_left_ms))
         return retry, min(waits, default=0.0)
 
     def _expired(self, msg: Message, envelope: Envelope) -> None:

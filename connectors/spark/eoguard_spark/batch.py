@@ -21,6 +21,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from eoguard.callbacks import awaitable_refused, require_sync
 from eoguard.envelope import now_ms
+from eoguard.store.claim_policy import spark_policy
 from eoguard.store.dedup import BatchState, DedupStore
 from eoguard_spark.acks import AckQueue
 from eoguard_spark.decode import OUTPUT_COLUMNS, RowStatus
@@ -207,7 +208,8 @@ class MicroBatchRunner:
                     "status", claim_status(settings.first_pass())), stats, cached)
                 # A replay of a done batch waits on nothing: what it did not take the first
                 # time it leaves out.
-                if stats.rows.get(RowStatus.BUSY.value) and not settings.token_done:
+                waits = spark_policy(replay=settings.token_done).waits_on_busy
+                if stats.rows.get(RowStatus.BUSY.value) and waits:
                     del stats.rows[RowStatus.BUSY.value]
                     # Only the few settled rows are cached again, not the whole batch.
                     settled = keep(settle_busy(classified, settings), stats, cached)

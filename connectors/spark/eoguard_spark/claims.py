@@ -10,9 +10,13 @@ claim it lets go is released at once.
 Every attempt of a task must reach the same outcome for each row, since the driver's done mark
 covers every claim naming the token whichever attempt's output Spark commits. A claim is
 stable once made (a later attempt finds it MINE), and so are DONE, DUPLICATE and EXPIRED; BUSY
-is not (its holder may let go). So the last claim of a BUSY row gives it up for good under the
-token (``give_up_busy``): every later attempt finds it PASSED and leaves it out too, and an
+is not (its holder may release it). So the last claim of a BUSY row gives it up for good under
+the token (``give_up_busy``): every later attempt finds it PASSED and leaves it out too, and an
 attempt that took it over first is found by the giving-up claim instead (MINE: kept).
+
+What each outcome means for a row, the replay rules and the bound on BUSY waits are the
+policy the job shares with the GuardedConsumer (:mod:`eoguard.store.claim_policy`); this module
+turns its verdicts into row statuses.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pyarrow as pa
 
+from eoguard.store.claim_policy import BusyWait, ClaimPolicy, Verdict, spark_policy
 from eoguard.store.client import RedisClient
 from eoguard.store.dedup import Claim, ClaimReport, ClaimResult
 from eoguard_spark.decode import RowStatus
@@ -34,23 +39,22 @@ ClaimInput = tuple[pa.Array, pa.Array, pa.Array, pa.Array, pa.Array]
 """One input batch's columns: id, position, expires_at_ms, status, and the id's shard
 (:func:`eoguard_spark.dedup.shard_column`: Spark computes it, so no per-row hash here)."""
 
-_STATUS_OF = {
+_HANDLED_AS = {  # a handled row's status says which claim made it this batch's
     ClaimResult.NEW: RowStatus.NEW.value,
     ClaimResult.MINE: RowStatus.MINE.value,
-    ClaimResult.DONE_HERE: RowStatus.DONE_HERE.value,
-    ClaimResult.DUPLICATE: RowStatus.DUPLICATE.value,
-    ClaimResult.BUSY: RowStatus.BUSY.value,
-    ClaimResult.EXPIRED: RowStatus.EXPIRED.value,
-    # done by a reader whose effects half applied: done for every reader (the job passes no
-    # effects, so never PARTIAL of its own)
-    ClaimResult.PARTIAL: RowStatus.DUPLICATE.value,
-    ClaimResult.STALE: RowStatus.STALE.value,
-    ClaimResult.PASSED: RowStatus.BUSY.value,  # given up as BUSY by an attempt of this task
+    ClaimResult.DONE_HERE: RowStatus.DONE_HERE.value,  # a replay of a done batch
+}
+_STATUS_OF = {  # every other verdict's row status
+    Verdict.WAIT: RowStatus.BUSY.value,
+    Verdict.DUPLICATE: RowStatus.DUPLICATE.value,
+    Verdict.EXPIRED: RowStatus.EXPIRED.value,
+    Verdict.RELEASE: RowStatus.STALE.value,  # released: the row is left out
+    Verdict.STALE: RowStatus.STALE.value,
+    Verdict.PASSED: RowStatus.BUSY.value,  # given up as BUSY by an attempt of this task
 }
 _OK, _NEW, _BUSY = RowStatus.OK.value, RowStatus.NEW.value, RowStatus.BUSY.value
-_DUPLICATE, _STALE = RowStatus.DUPLICATE.value, RowStatus.STALE.value
-_KEPT = (ClaimResult.NEW, ClaimResult.MINE)  # rows that reach the sinks
-_KEPT_IN_REPLAY = (ClaimResult.MINE, ClaimResult.DONE_HERE)  # ... when the batch was done
+_DUPLICATE = RowStatus.DUPLICATE.value
+_HANDLE, _WAIT, _RELEASE = Verdict.HANDLE, Verdict.WAIT, Verdict.RELEASE
 _BUSY_POLL_S = 0.5  # how often a BUSY claim is retried: the other holder may finish any time
 
 
@@ -65,6 +69,7 @@ class _Partition:
         self.store = settings.store(client)
         self.pool = pool  # round trips in flight on a cluster (see worker.in_flight)
         self.won: set[str] = set()  # a later copy of one of these is a duplicate
+        self.policy: ClaimPolicy = spark_policy(replay=settings.token_done)
 
     def claim_batch(self, arrays: ClaimInput) -> pa.Array:
         """The status column of one input batch after claiming its ``ok`` rows."""
@@ -114,36 +119,32 @@ class _Partition:
                 status[rows[j]] = row_status
 
     def _sort_claims(self, claims: list[Claim], report: ClaimReport
-                ) -> tuple[list[str], list[int]]:
+                     ) -> tuple[list[str], list[int]]:
         """The row status of each claim's result, and the indexes of the claims still BUSY.
 
-        NEW and MINE rows are handled. When the batch's done mark had landed before this pass
-        (``token_done``: a replay whose sinks must write what the first run wrote), a DONE_HERE
-        row is kept (handled by this batch, written again through the idempotent sink) and a
-        NEW claim is released and its row left out as ``stale``: the first run did not take
-        it. Without it, a DONE_HERE row was done by another claim pass of this reader (another
-        query under the same reader name): a duplicate. A BUSY claim held by this batch's token
-        (another copy of the id in this batch) is a duplicate; a PASSED one stays ``busy``.
+        The verdicts are :func:`eoguard.store.claim_policy.spark_policy`'s: handled rows
+        (NEW and MINE; in a replay of a done batch, ``token_done``, DONE_HERE instead, while a
+        NEW claim is released and its row left out as ``stale``) are won; a BUSY claim held by
+        this batch's token (another copy of the id in this batch), or of an id this partition
+        won, is a duplicate; a PASSED one stays ``busy``.
         """
-        won, token_done, results = self.won, self.settings.token_done, report.results
-        kept = _KEPT_IN_REPLAY if token_done else _KEPT
-        won.update(claim.message_id for claim, result in zip(claims, results, strict=True)
-                   if result in kept)
+        won, policy, results = self.won, self.policy, report.results
+        verdicts = [policy.verdict(result) for result in results]
+        won.update(claim.message_id for claim, verdict in zip(claims, verdicts, strict=True)
+                   if verdict is _HANDLE)
         out: list[str] = []
         busy: list[int] = []
         release: list[Claim] = []
-        for j, (claim, result) in enumerate(zip(claims, results, strict=True)):
-            if result is ClaimResult.NEW and token_done:
+        for j, (claim, result, first) in enumerate(zip(claims, results, verdicts, strict=True)):
+            verdict = first if first is not _WAIT else policy.verdict(
+                result, own_holder=claim.message_id in won or report.holders.get(j) == self.token)
+            if verdict is _HANDLE:
+                out.append(_HANDLED_AS[result])
+                continue
+            out.append(_STATUS_OF[verdict])
+            if verdict is _RELEASE:
                 release.append(claim)
-                out.append(_STALE)
-            elif result is ClaimResult.DONE_HERE and not token_done:
-                out.append(_DUPLICATE)
-            elif result is not ClaimResult.BUSY:
-                out.append(_STATUS_OF[result])
-            elif claim.message_id in won or report.holders.get(j) == self.token:
-                out.append(_DUPLICATE)
-            else:
-                out.append(_BUSY)
+            elif verdict is _WAIT:
                 busy.append(j)
         if release:  # claimed, but the row will not reach the sinks: not ours to keep
             self.store.release(self.token, release)
@@ -167,21 +168,21 @@ class _Partition:
         """Claim BUSY claims again until ``busy_wait_ms`` has passed; the status of each.
 
         One taken over once the holder's lease lapsed is ``new``, one its holder finished a
-        ``duplicate``. With ``give_up_busy`` the last claim, at the deadline, gives up those
-        still BUSY for good (``busy``: skipped, its holder handles it), so no later attempt of
-        this task takes one; without it (a first pass, settled by another) they stay ``busy``.
+        ``duplicate``. With ``give_up_busy`` (the settling pass) the last claim, at the
+        deadline, gives up those still BUSY for good (``busy``: skipped, its holder handles
+        it), so no later attempt of this task takes one; without it (a first pass, settled by
+        another) they stay ``busy``. The bound: :class:`eoguard.store.claim_policy.BusyWait`.
         """
         out = [_BUSY] * len(claims)
-        deadline = time.monotonic() + self.settings.busy_wait_ms / 1000
+        wait = BusyWait.starting_now(self.settings.busy_wait_ms / 1000)
         pending = list(range(len(claims)))
-        give_up = self.settings.give_up_busy
+        settling = self.settings.give_up_busy
         while pending:
-            left_s = deadline - time.monotonic()
-            if left_s > 0:
-                time.sleep(min(left_s, _BUSY_POLL_S, min(lease_left_ms) / 1000 + 0.01))
-            elif not give_up:
+            if not wait.over():
+                time.sleep(wait.next_s(_BUSY_POLL_S, lease_left_ms))
+            elif not settling:
                 break
-            last = give_up and time.monotonic() >= deadline
+            last = self.policy.gives_up(settling, wait)
             chunk = [claims[i] for i in pending]
             report = self.store.run([self.store.prepare_claim(self.token, chunk,
                                                               give_up_busy=last)],

@@ -19,6 +19,7 @@ from pyspark.sql import Column, DataFrame, Observation, Row
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql.types import StructType
 
+from eoguard.store.claim_policy import spark_policy
 from eoguard_spark.decode import OUTPUT_COLUMNS, RowStatus
 from eoguard_spark.dedup import ClaimSettings, claim_status, position_column
 from eoguard_spark.frames import dead_letters, dead_letters_due, keep, status_counts
@@ -72,7 +73,7 @@ def claim_into(output: ParquetBatchSink, dead: ParquetBatchSink | None, df: Data
         busy = [row for row in outcomes if row["status"] == RowStatus.BUSY.value]
         # A replay of a done batch waits on nothing: what it did not take the first time it
         # leaves out.
-        if busy and not settings.token_done:
+        if busy and spark_policy(replay=settings.token_done).waits_on_busy:
             with stats.phase("settle"):
                 del stats.rows[RowStatus.BUSY.value]
                 again = _rows_at(positioned, busy).withColumn("status", F.lit(RowStatus.OK.value))
