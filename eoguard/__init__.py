@@ -51,11 +51,12 @@ from eoguard.errors import (
     UnavailableError,
     UnknownFingerprintError,
 )
-from eoguard.modes import KeepUntil, PersistenceMode
+from eoguard.modes import Durability, KeepUntil, PersistenceMode
 from eoguard.producer.guarded import GuardedProducer
 from eoguard.producer.messages import MessageState, ProducerStats, SendHandle
 from eoguard.producer.recovery import RecoveryReport
 from eoguard.store.dedup import ClaimResult, DedupStore
+from eoguard.store.keys import KeySpace
 
 __all__ = [
     "BackpressureError",
@@ -75,6 +76,7 @@ __all__ = [
     "DeadLetterError",
     "DedupStore",
     "DemoError",
+    "Durability",
     "Envelope",
     "EnvelopeCodec",
     "EoguardError",
@@ -87,6 +89,7 @@ __all__ = [
     "InvalidInputError",
     "InvalidMessageError",
     "KeepUntil",
+    "KeySpace",
     "MessageState",
     "MessageTooLargeError",
     "PayloadCodec",

@@ -13,14 +13,15 @@ from typing import Any
 
 from eoguard.codec.rules import InputLimits
 from eoguard.errors import ConfigError
-from eoguard.modes import KeepUntil, PersistenceMode
+from eoguard.modes import Durability, KeepUntil, PersistenceMode
 from eoguard.redaction import redact, redact_url
 from eoguard.store.client import RedisClient, connect
-from eoguard.store.keys import KeySpace
+from eoguard.store.keys import KeySpace, check_scope
 from eoguard.store.replicas import ReplicaWait
 
 __all__ = [
     "ConsumerConfig",
+    "Durability",
     "InputLimits",
     "KeepUntil",
     "PersistenceMode",
@@ -65,9 +66,10 @@ class RedisConfig:
     ``rediss://`` URL for TLS. An injected client must use ``decode_responses=False``.
     The same URL serves a single node and a Redis Cluster (any node of it): ``cluster=None``
     asks the server which it is; True or False says so where the server may not be asked.
-    ``durability="replicated"`` waits (WAIT) until a replica holds each round trip's writes,
-    up to ``replica_timeout_s``, before a guarantee or an offset commit rests on them; it is
-    refused at start where a master has no replica (docs/design.md §4).
+    ``durability=Durability.REPLICATED`` (or the string ``"replicated"``) waits (WAIT) until a
+    replica holds each round trip's writes, up to ``replica_timeout_s``, before a guarantee or
+    an offset commit rests on them; it is refused at start where a master has no replica
+    (docs/design.md §4). The default, ``Durability.LOCAL``, trusts the node's AOF alone.
     """
 
     url: str | None = None
@@ -78,12 +80,15 @@ class RedisConfig:
     socket_timeout_s: float = 5.0
     connect_timeout_s: float = 2.0
     cluster: bool | None = None
-    durability: str = "local"
+    durability: Durability = Durability.LOCAL
     replica_timeout_s: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.durability not in ("local", "replicated"):
-            raise ConfigError(f"durability must be 'local' or 'replicated', got {self.durability!r}")
+        try:
+            object.__setattr__(self, "durability", Durability(self.durability))
+        except ValueError:
+            raise ConfigError(f"durability must be 'local' or 'replicated' (a Durability), "
+                              f"got {self.durability!r}") from None
         _positive("replica_timeout_s", self.replica_timeout_s)
         if (self.url is None) == (self.client is None):
             raise ConfigError("RedisConfig needs exactly one of url= or client=")
@@ -101,11 +106,11 @@ class RedisConfig:
         target = "client=<injected>" if self.client is not None else f"url={_redact_url(self.url)!r}"
         return (f"RedisConfig({target}, username={self.username!r}, "
                 f"password={'***' if self.password else None}, options={redact(self.options)!r}, "
-                f"cluster={self.cluster!r}, durability={self.durability!r})")
+                f"cluster={self.cluster!r}, durability={self.durability.value!r})")
 
     def replica_wait(self) -> ReplicaWait | None:
         """What each round trip waits for under replicated durability; None: local."""
-        if self.durability == "local":
+        if self.durability is Durability.LOCAL:
             return None
         return ReplicaWait(replicas=1, timeout_ms=int(self.replica_timeout_s * 1000))
 
@@ -307,8 +312,7 @@ class ConsumerConfig:
         object.__setattr__(self, "kafka", dict(self.kafka))
         if not isinstance(self.redis, RedisConfig):
             raise ConfigError("redis must be a RedisConfig")
-        if not self.scope or any(c in self.scope for c in "|{}"):
-            raise ConfigError(f"scope {self.scope!r} must be non-empty, without '|', '{{', '}}'")
+        check_scope(self.scope)
         if isinstance(self.topics, str) or not self.topics or not all(self.topics):
             raise ConfigError("topics must be a non-empty sequence of topic names")
         object.__setattr__(self, "topics", tuple(self.topics))

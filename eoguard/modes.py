@@ -1,4 +1,4 @@
-"""The producer's persistence modes and the outbox record's lifetime.
+"""The producer's persistence modes, the outbox record's lifetime and Redis durability.
 
 A bottom-layer module (it imports nothing of eoguard): the store, the producer and the
 configuration all name these enums, and none of them should import another to do so.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["KeepUntil", "PersistenceMode"]
+__all__ = ["Durability", "KeepUntil", "PersistenceMode"]
 
 
 class PersistenceMode(str, enum.Enum):
@@ -31,3 +31,15 @@ class KeepUntil(str, enum.Enum):
 
     CONSUMED = "consumed"  # the consumer scope's end-to-end ack deletes it
     PUBLISHED = "published"  # Kafka's acknowledgement deletes it
+
+
+class Durability(str, enum.Enum):
+    """When a Redis write counts (``RedisConfig.durability``; docs/design.md §4).
+
+    ``LOCAL``: once the node that took it has it (in memory and in its AOF). ``REPLICATED``:
+    once a replica holds it too (``WAIT`` after each round trip of writes), so a failover
+    that promotes that replica does not lose it.
+    """
+
+    LOCAL = "local"
+    REPLICATED = "replicated"

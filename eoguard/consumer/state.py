@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from confluent_kafka import Message
 
 from eoguard.consumer.handler import Inbound
+from eoguard.errors import StateError
 from eoguard.kafka.consumer import Partition
 from eoguard.store.dedup import Claim
 
@@ -78,9 +79,10 @@ class Batch:
         self.busy_rounds = 0
 
     def advance(self, stage: BatchStage) -> None:
-        """Move to ``stage``; any stage may drop the batch, the rest go in order."""
+        """Move to ``stage``; any stage may drop the batch, the rest go in order (a step out
+        of order is :class:`StateError`: the pipeline lost track of the batch)."""
         if stage is not BatchStage.DROPPED and stage not in _NEXT[self.stage]:
-            raise RuntimeError(f"batch cannot go from {self.stage.value} to {stage.value}")
+            raise StateError(f"batch cannot go from {self.stage.value} to {stage.value}")
         self.stage = stage
 
     def claims(self) -> list[Claim]:

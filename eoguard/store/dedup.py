@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from redis.cluster import RedisCluster
 
-from eoguard.errors import ClaimNotOwnedError, InvalidInputError, StoreError
+from eoguard.errors import ClaimNotOwnedError, InvalidInputError
 from eoguard.store.bindings import dedup as bindings
 from eoguard.store.client import RedisClient
 from eoguard.store.dedup_admin import read_entries, read_records
@@ -44,7 +44,7 @@ from eoguard.store.dedup_types import (
     parse_position,
     position,
 )
-from eoguard.store.keys import KeySpace
+from eoguard.store.keys import KeySpace, check_scope
 from eoguard.store.replicas import ReplicaWait
 from eoguard.store.scripts import InFlight, Prepared, ScriptCall, Scripts
 
@@ -82,10 +82,8 @@ class DedupStore:
     def __init__(self, client: RedisClient, *, scope: str, keys: KeySpace | None = None,
                  lease_ms: int = 30_000, grace_ms: int = 60_000,
                  wait: ReplicaWait | None = None) -> None:
-        if not scope or any(c in scope for c in "|{}"):
-            raise StoreError(f"scope {scope!r} must be non-empty, without '|', '{{', '}}'")
+        self.scope = check_scope(scope)  # ConfigError: a scope that cannot name keys
         self.client = client
-        self.scope = scope
         self.keys = keys or KeySpace()
         self.lease_ms = lease_ms
         self.grace_ms = grace_ms

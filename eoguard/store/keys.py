@@ -37,6 +37,18 @@ LAYOUT_VERSION = 2
 """The dedup model the keys follow: 2 is batch leases and batch done marks."""
 
 
+def check_scope(scope: str) -> str:
+    """``scope``, if it can name a consumer scope's keys; else :class:`ConfigError`.
+
+    A scope sits inside the hash tag of its keys (``{<scope>/<shard>}``), where a brace would
+    move the tag; ``|`` stays out as it has since the first layout, whose values it separated.
+    The one rule for every taker of a scope: configurations, the dedup store, the Spark job.
+    """
+    if not isinstance(scope, str) or not scope or any(c in scope for c in "|{}"):
+        raise ConfigError(f"scope {scope!r} must be non-empty, without '|', '{{', '}}'")
+    return scope
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class KeySpace:
     """Key names for one prefix and shard count; the store modules take one of these."""

@@ -7,7 +7,14 @@ import logging
 import pytest
 import redis
 
-from eoguard.config import KeepUntil, PersistenceMode, ProducerConfig, RedisConfig, redact
+from eoguard.config import (
+    Durability,
+    KeepUntil,
+    PersistenceMode,
+    ProducerConfig,
+    RedisConfig,
+    redact,
+)
 from eoguard.errors import ConfigError
 from eoguard.store.keys import KeySpace
 
@@ -140,3 +147,22 @@ def test_config_is_frozen() -> None:
     cfg = config()
     with pytest.raises(AttributeError):
         cfg.mode = PersistenceMode.DELAYED  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("given", ["local", "replicated", Durability.LOCAL, Durability.REPLICATED])
+def test_durability_accepts_its_strings_and_its_enum(given) -> None:
+    cfg = RedisConfig(url="redis://x:1/0", durability=given)
+    assert cfg.durability is Durability(given)
+    assert cfg.durability == Durability(given).value  # a str enum: equal to its string
+    assert (cfg.replica_wait() is None) == (cfg.durability is Durability.LOCAL)
+    assert f"durability='{cfg.durability.value}'" in repr(cfg)
+
+
+def test_durability_defaults_to_local() -> None:
+    assert RedisConfig(url="redis://x:1/0").durability is Durability.LOCAL
+
+
+@pytest.mark.parametrize("bad", ["Replicated", "sync", "", None, 1])
+def test_an_unknown_durability_is_refused_with_the_choices(bad) -> None:
+    with pytest.raises(ConfigError, match=r"durability must be 'local' or 'replicated'.*got "):
+        RedisConfig(url="redis://x:1/0", durability=bad)

@@ -54,3 +54,15 @@ def test_every_library_error_says_what_the_caller_does_next() -> None:
         if cls is errors.EoguardError or cls in tools:
             continue
         assert sum(issubclass(cls, group) for group in groups) == 1, cls.__name__
+
+
+def test_what_a_configuration_is_built_from_is_public() -> None:
+    """The key space (the only way to set a prefix, shard count or max_ttl) and the enums of
+    the configurations' fields are importable from ``eoguard`` itself."""
+    for name in ("KeySpace", "Durability", "PersistenceMode", "KeepUntil", "InputLimits"):
+        assert name in eoguard.__all__, name
+    assert eoguard.RedisConfig(url="redis://x:1/0").durability is eoguard.Durability.LOCAL
+    config = eoguard.ProducerConfig(kafka={"bootstrap.servers": "k:9092"},
+                                    redis=eoguard.RedisConfig(url="redis://x:1/0"),
+                                    keyspace=eoguard.KeySpace(prefix="app", shards=4))
+    assert config.keyspace.shards == 4

@@ -10,7 +10,13 @@ from typing import Any
 from eoguard.codec import InputLimits
 from eoguard.credentials import kafka_jaas_login
 from eoguard.errors import ConfigError
-from eoguard.store.keys import DEFAULT_MAX_TTL_MS, DEFAULT_PREFIX, DEFAULT_SHARDS, KeySpace
+from eoguard.store.keys import (
+    DEFAULT_MAX_TTL_MS,
+    DEFAULT_PREFIX,
+    DEFAULT_SHARDS,
+    KeySpace,
+    check_scope,
+)
 
 __all__ = ["DedupMode", "JobOptions"]
 
@@ -87,8 +93,7 @@ class JobOptions:
         if isinstance(self.topics, str) or not self.topics or not all(self.topics):
             raise ConfigError("topics must be a non-empty sequence of topic names")
         object.__setattr__(self, "topics", tuple(self.topics))
-        if not self.scope or any(c in self.scope for c in "|{}"):
-            raise ConfigError(f"scope {self.scope!r} must be non-empty, without '|', '{{', '}}'")
+        check_scope(self.scope)
         if not self.checkpoint:
             raise ConfigError("checkpoint (a durable directory per query) must be given")
         object.__setattr__(self, "dedup", DedupMode(self.dedup))
