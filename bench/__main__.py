@@ -1,9 +1,10 @@
 """``python -m bench``: every benchmark in one run against the local stack (starts it if needed).
 
-Each suite prints its own detail, then one table holds every path beside its baseline with the
-machine and the versions. ``python -m bench producer latency`` runs a subset with default
-options; ``--json FILE`` writes the table to a file too, so two runs can be compared. Each
-suite also runs alone with its own options (``python -m bench.bench_consumer --help``).
+Each suite prints its own detail, then the machine and the versions, and one table of rates
+(every path beside its baseline) and one of latencies, within 100 columns (table.py).
+``python -m bench producer latency`` runs a subset with default options; ``--json FILE``
+writes the rows to a file too, so two runs can be compared. Each suite also runs alone with
+its own options (``python -m bench.bench_consumer --help``).
 """
 
 from __future__ import annotations
