@@ -1,4 +1,4 @@
-"""Logins from the environment or a file: the precedence the README states, and no value in
+"""Logins from the environment or a file: the precedence docs/security.md states, and no value in
 an error message."""
 
 from __future__ import annotations
