@@ -120,6 +120,18 @@ def free_scope(url: str, keys: KeySpace, shard: int = 0) -> str:
     raise AssertionError("no scope with an empty slot in 100 tries")
 
 
+def assign(node: redis.Redis[bytes], slot: int, to: str, *, giving: bool) -> None:
+    """CLUSTER SETSLOT ``slot`` NODE ``to`` on ``node``. A giving master that handed over its
+    last slot may have turned into a replica of the receiver already (Redis 7's
+    ``cluster-allow-replica-migration``): it refuses the SETSLOT and needs none (redis-cli
+    --cluster reshard skips it likewise)."""
+    try:
+        node.execute_command("CLUSTER SETSLOT", slot, "NODE", to)
+    except redis.ResponseError as exc:
+        if not (giving and "only with masters" in str(exc)):
+            raise
+
+
 class SlotMove:
     """One hash slot moved from the master serving it (the source) to another (the target)."""
 
@@ -290,7 +302,7 @@ class SlotMove:
         order of redis-cli --cluster reshard)."""
         giving = self.source if to == self.target else self.target
         for master in (to, giving, *self.others):
-            self._node(master).execute_command("CLUSTER SETSLOT", self.slot, "NODE", to.id)
+            assign(self._node(master), self.slot, to.id, giving=master == giving)
 
     def _check_home(self) -> None:
         """Every master sees the slot on the source, and none keeps a migration state."""

@@ -77,10 +77,27 @@ class RedisClusterNodes(ServiceGroup):
                       and link.get("master_link_status") == "up") == NODES - MASTERS
         return slots_ok and replicated and in_sync
 
+    def stop(self) -> None:
+        """Stop the six nodes, and a shard a test added (``eoguard.stack.redis_shard``) and
+        left behind."""
+        super().stop()
+        for node in self.added_nodes():
+            node.stop()
+
+    def added_nodes(self) -> list[RedisServer]:
+        """The two nodes an added shard runs on (``port + 6``, ``port + 7``; see
+        :mod:`eoguard.stack.redis_shard`), whether they run or not."""
+        timeout_ms = self.servers[0].cluster_node_timeout_ms
+        return [RedisServer(self.workdir / f"node{NODES + 1 + i}", port=self.port + NODES + i,
+                            ready_timeout_s=self.ready_timeout_s,
+                            cluster_node_timeout_ms=timeout_ms) for i in range(2)]
+
     def _check_ports(self) -> None:
         """A cluster joined on other ports cannot come up on these: each node's ``nodes.conf``
-        names its peers by their old ports. Say so, instead of timing out as not ready."""
-        ports = {node.port for node in self.servers}
+        names its peers by their old ports. Say so, instead of timing out as not ready. (The
+        ports of an added shard are the cluster's own.)"""
+        own = [node.port for node in self.servers]
+        ports = {*own, *(node.port for node in self.added_nodes())}
         recorded: set[int] = set()
         for node in self.servers:
             conf = node.workdir / "nodes.conf"
@@ -94,7 +111,7 @@ class RedisClusterNodes(ServiceGroup):
         if recorded - ports:
             raise StackError(
                 f"{self.workdir} holds a Redis Cluster joined on ports "
-                f"{', '.join(map(str, sorted(recorded)))}, not {min(ports)}..{max(ports)}: start "
+                f"{', '.join(map(str, sorted(recorded)))}, not {min(own)}..{max(own)}: start "
                 f"it on those ports, or remove {self.workdir} (its data) to make a new one")
 
     def _known_nodes(self) -> int:

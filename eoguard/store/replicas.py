@@ -3,7 +3,9 @@
 With ``RedisConfig(durability="replicated")`` every script round trip ends with
 ``WAIT <replicas> <timeout>`` on the connection that carried its writes (on a cluster, one per
 master the round trip touched, in the same per-node batch of the pipeline): its reply is how
-many replicas hold those writes. Fewer than asked is :class:`ReplicationTimeoutError`, a
+many replicas hold those writes. A call sent on by ASK runs on the importing master with a WAIT
+of its own after it on that connection; a call answered MOVED goes again with its new master's
+WAIT (:mod:`.redirects`). Fewer than asked is :class:`ReplicationTimeoutError`, a
 retry, never a guarantee given on faith: the producer fires ``on_guaranteed`` and the consumer
 commits offsets only after a round trip that passed. WAIT counts acknowledgements of the
 connection's own writes, so it is never sent on a connection of its own.
@@ -47,23 +49,30 @@ def check_acks(client: RedisClient, acks: Sequence[Any], wait: ReplicaWait, doin
                first_keys: Sequence[str] = (), planned: Sequence[str] = ()) -> None:
     """Raise ReplicationTimeoutError unless every WAIT reply counts ``wait.replicas``.
 
-    On a cluster, a call sent MOVED or ASK ran on another node than its WAIT, on another
-    connection: when the slot map changed during the round trip (``planned`` against the map
-    now), the round trip is not acknowledged either (its scripts are safe to run again).
+    On a cluster, eoguard answers ASK and MOVED itself (:mod:`.redirects`); a call redis-py
+    still routes (one its slot map named no node for, or a pipeline it sends anew after a node
+    refused the connection) may run elsewhere than the WAITs went: when the slot map changed
+    during the round trip (``planned`` against the map now), the round trip is not
+    acknowledged either (its scripts are safe to run again).
     """
     for ack in acks:
-        if isinstance(ack, Exception):
-            raise wrap_redis_error(ack, f"{doing} (WAIT)") from ack
-        if int(ack) < wait.replicas:
-            raise ReplicationTimeoutError(
-                f"{int(ack)} of {wait.replicas} replicas acknowledged the writes of {doing} "
-                f"within {wait.timeout_ms} ms: not guaranteed, retry")
+        check_ack(ack, wait, doing)
     if isinstance(client, RedisCluster):
         now = {node.name for node in (client.get_node_from_key(k) for k in first_keys)
                if node is not None}
         if now != set(planned):
             raise ReplicationTimeoutError(
                 f"a hash slot moved during {doing}: its writes were not waited on, retry")
+
+
+def check_ack(ack: Any, wait: ReplicaWait, doing: str) -> None:
+    """Raise ReplicationTimeoutError unless a WAIT's reply counts ``wait.replicas``."""
+    if isinstance(ack, Exception):
+        raise wrap_redis_error(ack, f"{doing} (WAIT)") from ack
+    if int(ack) < wait.replicas:
+        raise ReplicationTimeoutError(
+            f"{int(ack)} of {wait.replicas} replicas acknowledged the writes of {doing} "
+            f"within {wait.timeout_ms} ms: not guaranteed, retry")
 
 
 def check_replicas(client: RedisClient, replicas: int) -> None:

@@ -4,6 +4,7 @@ Each ``.lua`` file is one atomic operation with its contract in its header; its 
 (:mod:`eoguard.store.bindings`) builds its calls and reads its replies. Calls go out as
 EVALSHA in one pipeline per batch: one round trip. A server that lost its script cache
 (restart, failover, SCRIPT FLUSH) answers NOSCRIPT; only those calls are loaded and resent.
+On a cluster, a call answered ASK, MOVED or TRYAGAIN is answered by :mod:`.redirects`.
 redis-py's own ``register_script`` in a pipeline asks SCRIPT EXISTS before every execute,
 a second round trip per batch, which is why the SHA bookkeeping lives here.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+import time
 from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -21,8 +23,10 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
-from eoguard.errors import StoreError
+from eoguard.errors import StoreError, StoreUnavailableError
+from eoguard.store import redirects
 from eoguard.store.client import RedisClient, wrap_redis_error
+from eoguard.store.redirects import ClusterStack, Redirects, Step
 from eoguard.store.replicas import ReplicaWait, add_waits, check_acks
 
 _hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
@@ -95,12 +99,14 @@ class Scripts:
 
     _MAX_RELOADS = 3
     _MAX_ASKS = 4
+    _MAX_PASSES = 16  # as redis-py's RedisClusterRequestTTL: ~1.2 s of TRYAGAIN pauses
 
     def __init__(self, client: RedisClient, *, wait: ReplicaWait | None = None) -> None:
         self._client = client
         self._loaded = False  # every script loaded by this instance since its last NOSCRIPT
         self.wait = wait  # replicated durability: each round trip ends with WAIT (replicas.py)
         self._cluster = client if isinstance(client, RedisCluster) else None
+        self._redirects = None if self._cluster is None else Redirects(client, _sources)
 
     @property
     def client(self) -> RedisClient:
@@ -156,39 +162,60 @@ class Scripts:
         raise StoreError(f"a script kept asking for keys it did not declare while {doing}")
 
     def _run_once(self, calls: Sequence[ScriptCall], doing: str) -> list[Any]:
+        """Every call run once, in passes: a call answered NOSCRIPT, MOVED or TRYAGAIN (or ASK
+        twice) goes out again in the next pass (redirects.py says what each asks for)."""
         if not calls:
             return []
         if not self._loaded:
             self.load_all()
         replies: list[Any] = [None] * len(calls)
-        todo = list(range(len(calls)))
-        for _ in range(self._MAX_RELOADS):
-            pipe = self._client.pipeline(transaction=False)
-            for i in todo:
-                call = calls[i]
-                pipe.execute_command("EVALSHA", lua_script(call.script).sha, len(call.keys),
-                                     *call.keys, *call.args, **self._route(call))
-            first_keys = [calls[i].keys[0] for i in todo if calls[i].keys]
-            planned = [] if self.wait is None else add_waits(
-                self._client, pipe, first_keys, self.wait)
-            results = self.execute(pipe, doing=doing, raise_on_error=False)
-            if self.wait is not None and planned:
-                results, acks = results[:-len(planned)], results[-len(planned):]
-                check_acks(self._client, acks, self.wait, doing, first_keys=first_keys,
-                           planned=planned)
-            missing: list[int] = []
+        todo, reloads = list(range(len(calls))), 0
+        for passes in range(self._MAX_PASSES):
+            # Step 1. One pipeline, one round trip; on a cluster, ASK answered in it.
+            results = self._send([calls[i] for i in todo], doing)
+            # Step 2. Each reply kept; each call a redirect or NOSCRIPT answered goes again.
+            again: list[int] = []
+            steps: set[Step] = set()
             for i, result in zip(todo, results, strict=True):
-                if isinstance(result, NoScriptError):
-                    missing.append(i)
-                elif isinstance(result, Exception):
-                    raise wrap_redis_error(result, f"{doing} ({calls[i].script})") from result
-                else:
+                if not isinstance(result, Exception):
                     replies[i] = result
-            if not missing:
+                    continue
+                step = redirects.step_of(result)
+                if step not in redirects.SENT_AGAIN:
+                    raise redirects.store_error(result, f"{doing} ({calls[i].script})") from result
+                again.append(i)
+                steps.add(step)
+            if not again:
                 return replies
-            self.load_all()
-            todo = missing
-        raise StoreError(f"Redis kept answering NOSCRIPT while {doing}")
+            # Step 3. Before the next pass: the scripts after NOSCRIPT, a pause after TRYAGAIN.
+            if Step.NOSCRIPT in steps:
+                reloads += 1
+                if reloads >= self._MAX_RELOADS:
+                    raise StoreError(f"Redis kept answering NOSCRIPT while {doing}")
+                self.load_all()
+            if Step.TRYAGAIN in steps:
+                time.sleep(redirects.tryagain_pause_s(passes))
+            todo = again
+        raise StoreUnavailableError(f"a hash slot kept moving while {doing}: retry")
+
+    def _send(self, calls: Sequence[ScriptCall], doing: str) -> list[Any]:
+        """``calls`` as EVALSHA in one pipeline, with replicated durability a WAIT per master
+        after them (checked); each call's reply or error. On a cluster, :class:`Redirects`
+        sends it and answers its redirects: a call sent on by ASK runs there, with its WAIT."""
+        pipe = ClusterStack() if self._redirects is not None \
+            else self._client.pipeline(transaction=False)
+        for call in calls:
+            pipe.execute_command("EVALSHA", lua_script(call.script).sha, len(call.keys),
+                                 *call.keys, *call.args, **self._route(call))
+        if self._redirects is not None:
+            first = [call.keys[0] if call.keys else None for call in calls]
+            return self._redirects.round_trip(pipe, first, doing, self.wait)
+        planned = [] if self.wait is None else add_waits(self._client, pipe, [], self.wait)
+        results = self.execute(pipe, doing=doing, raise_on_error=False)
+        if self.wait is not None and planned:
+            results, acks = results[:-len(planned)], results[-len(planned):]
+            check_acks(self._client, acks, self.wait, doing)
+        return results
 
     def run_prepared(self, prepared: Sequence[Prepared[Any]], *,
                      doing: str = "running scripts") -> list[Any]:
@@ -236,18 +263,7 @@ class Scripts:
         return flight
 
     def _route(self, call: ScriptCall) -> dict[str, Any]:
-        """On a cluster, the node of the call's slot, named (``target_nodes``).
-
-        redis-py 8.1's cluster pipeline blocks ``pipe.evalsha`` (hence ``execute_command``)
-        and, for a command without a routing policy such as EVALSHA, asks the default node
-        ``COMMAND GETKEYS`` first: one more round trip per call, and none answers once that
-        node died, so the pipeline never refreshes its slot map. A named node skips both; a
-        MOVED or ASK reply is still followed, by key.
-        """
-        if self._cluster is None or not call.keys:
-            return {}
-        node = self._cluster.get_node_from_key(call.keys[0])
-        return {} if node is None else {"target_nodes": node}
+        return {} if self._redirects is None else self._redirects.route(call.keys)
 
     def execute(self, pipe: Any, *, doing: str, raise_on_error: bool = True) -> list[Any]:
         """Execute a pipeline, wrapping redis-py errors at the boundary."""
@@ -261,6 +277,11 @@ class Scripts:
             self._client.script_load(lua_script(name).source)
         except redis.RedisError as exc:
             raise wrap_redis_error(exc, f"loading {name}.lua") from exc
+
+
+def _sources() -> list[str]:
+    """The source of every script, for a master that holds none (:class:`Redirects`)."""
+    return [lua_script(name).source for name in all_scripts()]
 
 
 def _asks(reply: Any) -> bool:
