@@ -114,29 +114,43 @@ def count(client: redis.Redis, keys: KeySpace, ledgers: list[observe.LedgerView]
 
 
 def spark(c: Counts, ledgers: list[observe.LedgerView], injected: Injected,
-          rows: Counter[str], ended_ms: int) -> None:
-    """The Spark scope: each id once across all batch folders; every guaranteed message still
-    unexpired when the job ended is there (it was unexpired whenever it was read); no
-    expired envelope."""
+          rows: Counter[str], ended_ms: int, consumer: Counter[str] | None = None) -> None:
+    """The Spark scope: each id once across all batch folders (and the handlings of the
+    GuardedConsumer sharing the scope, if any: then the job ran through the window); every
+    guaranteed message still unexpired when the job ended is there (it was unexpired whenever
+    it was read); no expired envelope. With the job running through the window, a long-TTL
+    message that expired unhandled means the scope stalled that long, as for the consumers."""
     guaranteed: set[str] = set()
     expires: dict[str, int] = {}
     for ledger in ledgers:
         guaranteed |= ledger.guaranteed
         expires.update(ledger.expires_ms)
+    handled = Counter(consumer or {})
+    both = rows + handled
     live = {m for m in guaranteed if expires[m] > ended_ms}
-    lost = live - rows.keys()
-    twice = {m: n for m, n in rows.items() if n != 1}
-    expired_out = set(injected.expired_ids) & rows.keys()
-    c.spark = {"rows": sum(rows.values()), "unexpired_at_end": len(live), "lost": len(lost),
+    lost = live - both.keys()
+    twice = {m: (rows[m], handled[m]) for m, n in both.items() if n != 1}
+    expired_out = set(injected.expired_ids) & both.keys()
+    short_ms = int(SHORT_TTL_S * 1000) + 1000
+    expired = guaranteed - both.keys() - live
+    stalled = {m for m in expired if expires[m] - _created_ms(m) > short_ms}
+    c.spark = {"rows": sum(rows.values()), **({"consumer": sum(handled.values())} if consumer
+                                               is not None else {}),
+               "unexpired_at_end": len(live), "expired": len(expired), "lost": len(lost),
                "dup": len(twice)}
+    where = "the Spark job's output" + (" or the scope's consumer" if consumer is not None else "")
     if lost:
         c.spark_violations.append(f"invariant 1: {len(lost)} guaranteed messages unexpired when "
-                                  f"the Spark job ended are not in its output: {sorted(lost)[:3]}")
+                                  f"the Spark job ended are not in {where}: {sorted(lost)[:3]}")
     if twice:
-        c.spark_violations.append(f"invariant 2: ids twice in the Spark output: {list(twice.items())[:3]}")
+        c.spark_violations.append(f"invariant 2: ids more than once in {where} (rows, "
+                                  f"handlings): {list(twice.items())[:3]}")
     if expired_out:
-        c.spark_violations.append(f"invariant 3: expired envelopes in the Spark output: "
+        c.spark_violations.append(f"invariant 3: expired envelopes in {where}: "
                                   f"{sorted(expired_out)[:3]}")
+    if consumer is not None and stalled:
+        c.spark_violations.append(f"stall: {len(stalled)} {LONG_TTL_S:.0f} s TTL messages expired "
+                                  f"before {where} had them, e.g. {sorted(stalled)[:3]}")
 
 
 def key_lifetimes(client: redis.Redis, keys: KeySpace, last_expiry_ms: int, grace_ms: int

@@ -2,8 +2,10 @@
 
 ``SingleNode`` strikes a private broker and a private Redis (AOF, ``appendfsync always``);
 ``Cluster`` strikes the members of the cluster topology's three Kafka nodes and six Redis
-nodes, found through their pid files, and waits after each fault until the cluster is whole
-again (every partition led, every master with a replica in sync) before the next one.
+nodes, found through their pid files, and reshards the Redis Cluster under the run
+(reshard.py), and waits after each fault until the cluster is whole again (every partition
+led, every master with a replica in sync) before the next one. What a fault finds wrong
+itself (a key on both sides of a moving slot) goes to ``violations``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from eoguard.stack.kafka_cluster import KafkaCluster
 from eoguard.stack.process import ManagedProcess
 from eoguard.stack.redis_cluster import RedisClusterNodes
 from eoguard.stack.redis_server import RedisServer
+from tests.fault.chaos.reshard import REDIRECTS, reshard
 
 FaultFn = Callable[[random.Random, float], str]
 
@@ -73,6 +76,7 @@ class SingleNode:
 
     def __init__(self, kafka: KafkaBroker, redis_server: RedisServer) -> None:
         self.kafka, self.redis = kafka, redis_server
+        self.violations: list[str] = []
         self.faults: dict[str, FaultFn] = {
             "kafka-kill": self.kill_kafka, "kafka-pause": self.pause_kafka,
             "redis-kill-aof": self.kill_redis, "redis-pause": self.pause_redis,
@@ -107,13 +111,18 @@ class SingleNode:
 class Cluster:
     """Faults of the three Kafka nodes and the Redis Cluster's six nodes."""
 
-    def __init__(self, kafka: KafkaCluster, redis_nodes: RedisClusterNodes, topic: str) -> None:
+    def __init__(self, kafka: KafkaCluster, redis_nodes: RedisClusterNodes, topic: str,
+                 redis_url: str, slots: dict[int, str], *, reshard_weight: float = 1.0) -> None:
         self.kafka, self.redis, self.topic = kafka, redis_nodes, topic
+        self.redis_url, self.slots = redis_url, slots  # the run's hash slots (reshard.run_slots)
+        self.reshard_weight = reshard_weight  # the fourth master's share (reshard.reshard)
+        self.violations: list[str] = []
         self.faults: dict[str, FaultFn] = {
             "kafka-leader-kill": self.kill_leader, "kafka-restart-all": self.restart_kafka,
             "kafka-pause": self.pause_broker, "redis-master-kill": self.kill_master,
             "redis-master-pause-failover": self.pause_master, "redis-pause": self.pause_replica,
             "redis-oom": lambda _rng, hold: out_of_memory(self._by_role("master"), hold),
+            "redis-reshard": self.reshard,
         }
 
     def _brokers(self) -> list[KafkaBroker]:
@@ -180,6 +189,21 @@ class Cluster:
         node = rng.choice(self._by_role("slave"))
         pause(node, hold_s)
         return f"replica on {node.port} paused {hold_s:.0f} s"
+
+    def reshard(self, rng: random.Random, hold_s: float) -> str:
+        """A fourth master joins, the run's slots move slowly through it and between the
+        others, it leaves (reshard.py)."""
+        found = reshard(self.redis, self.redis_url, self.slots, rng, hold_s,
+                        weight=self.reshard_weight)
+        self.violations += found.violations
+        slow = found.moved
+        met = ", ".join(f"{kind} {found.redirects[kind]}" for kind in REDIRECTS)
+        return (f"{len(slow)} of the run's slots moved a few keys at a time "
+                f"({sum(m.keys for m in slow)} keys, half-moved "
+                f"{min(m.half_moved_s for m in slow):.1f}-{max(m.half_moved_s for m in slow):.1f} s"
+                f" each), a fourth master joined, was rebalanced in and left; replies meanwhile: "
+                f"{met}:\n"
+                + "\n".join(f"           {step}" for step in found.steps))
 
     def _replica_of(self, master: RedisServer) -> RedisServer:
         for node in self._by_role("slave"):

@@ -3,8 +3,14 @@
 One ``random.Random(f"{seed}/{topology}")`` picks the faults (without repeats while the
 topology's list lasts) and their times inside the fault window, so a seed replays the same
 schedule on the same topology. Faults run one after another: one still holding (a broker
-paused, a master waiting to be replaced) delays the next instead of overlapping it, since
-two overlapping node deaths would take a three-node quorum down.
+paused, a master waiting to be replaced, a resharding) delays the next instead of overlapping
+it, since two overlapping node deaths would take a three-node quorum down.
+
+``redis-reshard`` (cluster) moves the run's slots between masters and through a fourth one
+(reshard.py) for about a minute; it strikes in the first half of the window, while the
+producers still send. ``spark-speculation`` (single node) runs the Spark scope through the
+whole window on a speculating standalone cluster and SIGKILLs an executor mid-task
+(spark_speculation.py); it needs a full-mode window (minutes of Spark on two cores).
 """
 
 from __future__ import annotations
@@ -16,11 +22,15 @@ from dataclasses import dataclass
 WORKER_FAULTS = ("producer-kill", "producer-kill-after-guarantee", "consumer-kill-mid-batch",
                  "consumer-kill-mid-rebalance", "consumer-zombie")
 SERVICE_FAULTS = {
-    "single": ("kafka-kill", "kafka-pause", "redis-kill-aof", "redis-pause", "redis-oom"),
+    "single": ("kafka-kill", "kafka-pause", "redis-kill-aof", "redis-pause", "redis-oom",
+               "spark-speculation"),
     "cluster": ("kafka-leader-kill", "kafka-restart-all", "kafka-pause", "redis-master-kill",
-                "redis-master-pause-failover", "redis-pause", "redis-oom"),
+                "redis-master-pause-failover", "redis-pause", "redis-oom", "redis-reshard"),
 }
-SECONDS_PER_FAULT = 14.0  # a 120 s window gets 8 faults, a 40 s one 2 or 3
+SECONDS_PER_FAULT = 14.0  # a 120 s window gets 8 or 9 faults, a 40 s one 3
+FULL_WINDOW_S = 120.0
+MIN_WINDOW_S = {"spark-speculation": FULL_WINDOW_S}  # drawn only in windows this long
+EARLY = {"redis-reshard": 0.5}  # strikes within this fraction of the window
 
 
 @dataclass(frozen=True)
@@ -39,18 +49,23 @@ def schedule(seed: int, topology: str, window_s: float) -> list[Fault]:
     """The faults of ``seed`` on ``topology`` within ``window_s`` seconds, in time order."""
     rng = random.Random(f"{seed}/{topology}")
     count = max(2, round(window_s / SECONDS_PER_FAULT))
+    services = [k for k in SERVICE_FAULTS[topology] if MIN_WINDOW_S.get(k, 0.0) <= window_s]
     kinds: list[str] = []
     while len(kinds) < count:
-        pool = [*WORKER_FAULTS, *SERVICE_FAULTS[topology]]
+        pool = [*WORKER_FAULTS, *services]
         rng.shuffle(pool)
         kinds.extend(pool)
     # Every run has at least one service fault and one worker fault.
     chosen = kinds[:count]
-    if not set(chosen) & set(SERVICE_FAULTS[topology]):
-        chosen[0] = rng.choice(SERVICE_FAULTS[topology])
+    if not set(chosen) & set(services):
+        chosen[0] = rng.choice(services)
     if not set(chosen) & set(WORKER_FAULTS):
         chosen[-1] = rng.choice(WORKER_FAULTS)
     times = sorted(rng.uniform(2.0, window_s - 4.0) for _ in chosen)
+    for i, kind in enumerate(chosen):  # a late early fault trades places with the first,
+        if kind in EARLY and times[i] > EARLY[kind] * window_s:  # earlier still if need be
+            chosen[0], chosen[i] = chosen[i], chosen[0]
+            times[0] = min(times[0], EARLY[kind] * window_s)
     return [Fault(round(at, 1), kind, round(rng.uniform(*_HOLD_S[kind]), 1))
             for at, kind in zip(times, chosen, strict=True)]
 
@@ -71,4 +86,6 @@ _HOLD_S: dict[str, tuple[float, float]] = {
     "redis-master-pause-failover": (5.0, 7.0),  # past the 2 s node timeout: replaced meanwhile
     "redis-pause": (6.0, 8.0),  # past the clients' 5 s socket timeout
     "redis-oom": (4.0, 8.0),
+    "redis-reshard": (3.0, 8.0),  # the fourth master's time between joining and leaving
+    "spark-speculation": (0.0, 1.5),  # from the straggler's first sleep to the executor kill
 }

@@ -14,6 +14,7 @@ import random
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,11 +82,19 @@ class Workload:
         self.members: dict[str, list[Worker]] = {scope: [] for scope in SCOPES}
         self.injected = Injected()
         self.crashed: list[str] = []  # workers that exited on their own with an error
+        self._created = False
 
     # --- start ---------------------------------------------------------------------------
-    def start(self) -> None:
+    def create(self) -> None:
+        """The topics, with the injected records (expired and malformed) at their start."""
         create_topics(self.run.kafka, {self.run.topic: 4, self.run.dead_letter_topic: 1})
         self.injected = inject(self.run.kafka, self.run.topic, expired=EXPIRED)
+        self._created = True
+
+    def start(self) -> None:
+        """The workers (and the topics first, unless :meth:`create` made them)."""
+        if not self._created:
+            self.create()
         for scope in SCOPES:
             self.members[scope].append(self._consumer(scope, f"{scope}-0"))
         self.members[SCOPES[0]].append(self._consumer(SCOPES[0], f"{SCOPES[0]}-1"))
@@ -184,6 +193,25 @@ class Workload:
         time.sleep(hold_s)
         worker.proc.send_signal(signal.SIGCONT)
         return f"{scope} member {worker.name} paused {hold_s:.0f} s"
+
+    def join_scope(self, scope: str) -> str:
+        """A consumer of one more scope (the Spark job's: it shares the scope), no worker
+        fault's target; its name."""
+        self.members[scope] = [self._consumer(scope, f"{scope}-0")]
+        return self.members[scope][0].name
+
+    def pause_member(self, scope: str) -> Callable[[float], str]:
+        """SIGSTOP the first consumer of ``scope`` now; the function returned SIGCONTs it once
+        it has been paused the seconds it is given (past its lease and session: a zombie)."""
+        worker = self.members[scope][0]
+        started = time.monotonic()
+        worker.proc.send_signal(signal.SIGSTOP)
+
+        def resume(at_least_s: float) -> str:
+            time.sleep(max(0.0, at_least_s - (time.monotonic() - started)))
+            worker.proc.send_signal(signal.SIGCONT)
+            return f"{scope} member {worker.name} paused {time.monotonic() - started:.0f} s"
+        return resume
 
     def _restart(self, scope: str, index: int) -> None:
         self.members[scope][index] = self._consumer(scope, f"{scope}-{index}")
