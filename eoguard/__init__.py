@@ -3,7 +3,15 @@
 This module holds the public API only; everything listed in ``__all__`` is stable.
 """
 
-from eoguard.codec import EnvelopeCodec, InputLimits, PayloadCodec, SchemaRegistry
+from eoguard.codec import (
+    EnvelopeCodec,
+    InputLimits,
+    Lifetime,
+    PayloadCodec,
+    PlainRecord,
+    PlainRecords,
+    SchemaRegistry,
+)
 from eoguard.config import ConsumerConfig, ProducerConfig, RedisConfig
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext, RedisTx
@@ -35,6 +43,7 @@ from eoguard.errors import (
     InvalidEnvelopeError,
     InvalidInputError,
     InvalidMessageError,
+    InvalidRecordError,
     MessageTooLargeError,
     PayloadEncodeError,
     PersistError,
@@ -88,14 +97,18 @@ __all__ = [
     "InvalidEnvelopeError",
     "InvalidInputError",
     "InvalidMessageError",
+    "InvalidRecordError",
     "KeepUntil",
     "KeySpace",
+    "Lifetime",
     "MessageState",
     "MessageTooLargeError",
     "PayloadCodec",
     "PayloadEncodeError",
     "PersistError",
     "PersistenceMode",
+    "PlainRecord",
+    "PlainRecords",
     "ProducerClosedError",
     "ProducerConfig",
     "ProducerStats",

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from eoguard.codec.plain import PlainRecords
 from eoguard.codec.rules import InputLimits
 from eoguard.errors import ConfigError
 from eoguard.modes import Durability, KeepUntil, PersistenceMode
@@ -282,7 +283,10 @@ class ConsumerConfig:
     Claims are renewed every ``lease_s / 3`` while their batch is handled, so ``lease_s`` only
     bounds how long a crashed consumer's claims block a duplicate; ``busy_wait_s`` bounds how long a
     batch waits on a claim another owner holds; dedup keys live until ``expires_at + grace_s``.
-    The dead-letter topic defaults to ``<scope>.dead-letter``.
+    The dead-letter topic defaults to ``<scope>.dead-letter``. With ``plain_records``
+    (:class:`~eoguard.codec.plain.PlainRecords`) records that are not envelopes are handled
+    too, their id and expiry given by its rules (docs/design.md §6, "Plain topics"); without
+    it they are malformed.
     """
 
     kafka: Mapping[str, Any] = field(repr=False)
@@ -303,6 +307,7 @@ class ConsumerConfig:
     keyspace: KeySpace = field(default_factory=KeySpace)
     input_limits: InputLimits = field(default_factory=InputLimits)
     instance_id: str | None = None
+    plain_records: PlainRecords | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.kafka, Mapping) or not self.kafka.get("bootstrap.servers"):
@@ -331,6 +336,10 @@ class ConsumerConfig:
         _check_limits(self.keyspace, self.input_limits)
         if self.instance_id is not None and not self.instance_id:
             raise ConfigError("instance_id must be non-empty when given")
+        if self.plain_records is not None:
+            if not isinstance(self.plain_records, PlainRecords):
+                raise ConfigError("plain_records must be a PlainRecords")
+            self.plain_records.check(max_ttl_ms=self.keyspace.max_ttl_ms)
 
     def effective_limits(self) -> InputLimits:
         """``input_limits`` with the clock-skew allowance capped at ``grace_s``: a claim key

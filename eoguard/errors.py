@@ -15,7 +15,8 @@ root, three groups say what to do: fix the input, retry later, or re-read the st
     │       ├── CorruptRecordError      body truncated or not valid Avro for its schema
     │       ├── SchemaNotFoundError     a payload schema named by a record or a caller is not loaded
     │       ├── PayloadEncodeError      a payload does not match the schema it is encoded with
-    │       └── InvalidEnvelopeError    decoded, but breaks an input rule (id, expiry, size)
+    │       ├── InvalidEnvelopeError    decoded, but breaks an input rule (id, expiry, size)
+    │       └── InvalidRecordError      a plain record whose deserializer or id/lifetime rule failed
     ├── UnavailableError            a service failed or cannot be reached: retry later, with backoff
     │   ├── StoreError              Redis refused or failed an operation
     │   │   ├── StoreUnavailableError   Redis cannot be reached (connection, timeout, auth)
@@ -107,6 +108,15 @@ class PayloadEncodeError(CodecError):
 
 class InvalidEnvelopeError(CodecError):
     """An envelope decoded but breaks an input rule (``rule``: id, expiry, attempt, size)."""
+
+    def __init__(self, message: str, *, rule: str) -> None:
+        super().__init__(message)
+        self.rule = rule
+
+
+class InvalidRecordError(CodecError):
+    """A plain record (not an envelope) whose deserializer or rule failed or gave nonsense
+    (``rule``: value, id, lifetime, size): dead-lettered, never keyed."""
 
     def __init__(self, message: str, *, rule: str) -> None:
         super().__init__(message)

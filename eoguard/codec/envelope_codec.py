@@ -92,6 +92,11 @@ class EnvelopeCodec:
                                                        (self._current.plain, None)}
 
     @property
+    def registry(self) -> SchemaRegistry:
+        """The registry the envelope versions (and payload schemas) come from."""
+        return self._registry
+
+    @property
     def fingerprint(self) -> bytes:
         """8-byte fingerprint of the current envelope schema, as written in every value."""
         return self._current.fingerprint

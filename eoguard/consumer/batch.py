@@ -15,10 +15,10 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Message
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from eoguard.callbacks import awaitable_refused
-from eoguard.codec import check_envelope
+from eoguard.codec import EnvelopeHeads, check_envelope, read_plain
 from eoguard.config import ConsumerConfig
 from eoguard.consumer.dead_letter import DeadLetterReason, DeadLetterRouter
 from eoguard.consumer.handler import (
@@ -83,6 +83,8 @@ class BatchProcessor:
         group = str(config.kafka["group.id"])
         self._reader = f"{len(group)}:{group}|"
         self._topics: dict[str, str] = {}  # topic -> its length-prefixed part of a position
+        self._plain = config.plain_records
+        self._heads = EnvelopeHeads(env.codec.registry)
         self.stats = ConsumerStats()
 
     # Steps 2 and 3 ---------------------------------------------------------------------
@@ -96,15 +98,20 @@ class BatchProcessor:
         shards, crc32 = len(prefixes), zlib.crc32
         decode, payload_of, new_tuple = self._codec.decode, self._payloads.decode, tuple.__new__
         max_ttl_ms, limits = self.config.keyspace.max_ttl_ms, self._limits
+        plain, is_envelope = self._plain, self._heads.holds
         for msg in msgs:
             topic, partition, offset = msg.topic() or "", msg.partition() or 0, msg.offset() or 0
             ends[topic, partition] = offset + 1
+            value = msg.value()
             try:  # Step 2. Untrusted input: checked (id normalised) before any key is built.
-                envelope = check_envelope(decode(msg.value()), now_ms=now, max_ttl_ms=max_ttl_ms,
-                                          limits=limits)
-                schema = envelope.payload_schema
-                payload = envelope.payload if schema is None else payload_of(
-                    envelope.payload, schema, envelope.payload_fingerprint)
+                if plain is None or is_envelope(value):  # one cheap check picks the path
+                    envelope = check_envelope(decode(value), now_ms=now, max_ttl_ms=max_ttl_ms,
+                                              limits=limits)
+                    schema = envelope.payload_schema
+                    payload = envelope.payload if schema is None else payload_of(
+                        envelope.payload, schema, envelope.payload_fingerprint)
+                else:  # a plain record: its id and expiry from the application's rules
+                    envelope, payload = self._read_plain(msg, value, now)
             except CodecError as exc:
                 self._dead.route(msg, reason=DeadLetterReason.MALFORMED,
                                  error_type=type(exc).__name__, error=str(exc))
@@ -123,6 +130,17 @@ class BatchProcessor:
             claim = new_tuple(Claim, (mid, where, expires_at, shard, prefixes[shard] + mid))
             items.append(Inbound(msg, envelope, payload, claim))
         return Batch(msgs, items, ends)
+
+    def _read_plain(self, msg: Message, value: bytes | None, now: int) -> tuple[Envelope, Any]:
+        """A plain record's synthetic envelope and payload (:func:`eoguard.codec.read_plain`)."""
+        assert self._plain is not None
+        kind, stamp = msg.timestamp()
+        return read_plain(self._plain, value, key=msg.key(), headers=msg.headers(),
+                          timestamp_ms=stamp if kind != TIMESTAMP_NOT_AVAILABLE and stamp >= 0
+                          else None, topic=msg.topic() or "", partition=msg.partition() or 0,
+                          offset=msg.offset() or 0,
+                          now_ms=now, max_ttl_ms=self.config.keyspace.max_ttl_ms,
+                          limits=self._limits)
 
     # Step 4 ------------------------------------------------------------------------------
     def claim_call(self, batch: Batch) -> Prepared[ClaimReport]:

@@ -163,7 +163,10 @@ class HandlerContext:
     ``message_id`` is the idempotency key for external effects; ``payload`` is the
     application's original form (decoded with the payload's Avro schema, or raw bytes);
     ``key`` is the Kafka record key; ``attempt`` is the handler attempt, from 1
-    (``envelope.attempt`` is the producer's send attempt).
+    (``envelope.attempt`` is the producer's send attempt). For a plain record
+    (``ConsumerConfig.plain_records``) ``message_id`` is the id rule's, ``payload`` what the
+    deserializer returned, and ``envelope`` a synthetic one (:func:`eoguard.codec.read_plain`:
+    ``producer == ""``, ``attempt == 1``, ``payload`` the raw value).
     """
 
     __slots__ = ("_env", "_in", "_outputs", "_tx", "attempt")
