@@ -6,6 +6,7 @@ rule fails is dead-lettered with its reason and the records around it are handle
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from typing import Any
 
@@ -13,11 +14,13 @@ import pytest
 import redis
 from confluent_kafka import Producer
 
-from eoguard import Lifetime, PlainRecord, PlainRecords, message_id_for, now_ms
+from eoguard import KeepUntil, Lifetime, PlainRecord, PlainRecords, message_id_for, now_ms
 from eoguard.consumer.handler import HandlerContext
+from eoguard.producer.guarded import GuardedProducer
 from eoguard.stack.feed import envelope, produce
 from eoguard.store.keys import DEFAULT_MAX_TTL_MS, KeySpace
 from tests.consumer_kit import drain, headers_of, read_all
+from tests.integration.test_producer import make_config
 
 pytestmark = pytest.mark.integration
 
@@ -199,3 +202,34 @@ def test_without_plain_records_a_plain_record_is_malformed(make, new_topic,
     assert seen == [env.id]
     (letter,) = read_all(kafka_bootstrap, dlq, 1)
     assert headers_of(letter)["eoguard.error.type"] == "BadMagicError"
+
+
+def test_a_topic_half_moved_to_a_guarded_producer_handles_each_order_once(
+        make, new_topic, kafka_bootstrap, redis_url, redis_client, key_prefix) -> None:
+    """Migration, step 2: a GuardedProducer takes over orders 0-59 (same business-key ids)
+    while the old plain producer still writes 30-89; each order once, and the outbox records
+    the consumer handled (as envelope or as plain record) are acknowledged."""
+    topic = new_topic(2)
+    config = make_config(kafka_bootstrap, redis_url, key_prefix,
+                         keyspace=KeySpace(prefix=key_prefix), keep_until=KeepUntil.CONSUMED)
+    with GuardedProducer(config) as producer:
+        handles = [producer.send(topic, order_value(n), key=f"c{n % 7}",
+                                 message_id=message_id_for("orders", str(n)))
+                   for n in range(60)]
+        assert all(handle.wait(30) for handle in handles)
+    assert len(list(redis_client.scan_iter(f"{key_prefix}:ob:*:r:*", count=1000))) == 60
+    old = plain_producer(kafka_bootstrap)
+    for number in range(30, 90):
+        old.produce(topic, order_value(number), key=f"c{number % 7}".encode())
+    old.flush(30)
+
+    seen: Counter[int] = Counter()
+    consumer = make([topic], counting(seen), scope="billing", plain_records=ORDERS)
+    drain([consumer], lambda: consumer.stats().polled >= 120 and len(seen) >= 90)
+
+    assert seen == Counter(range(90))
+    assert counted(redis_client, key_prefix, "billing") == Counter(range(90))
+    deadline = time.monotonic() + 10
+    while list(redis_client.scan_iter(f"{key_prefix}:ob:*:r:*", count=1000)):
+        assert time.monotonic() < deadline, "outbox records left unacknowledged"
+        consumer.poll_once()
