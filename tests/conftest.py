@@ -54,8 +54,7 @@ def single_stack(request: pytest.FixtureRequest, local_stack: LocalStack) -> Ite
         return
     ends, started = local_stack.up()
     yield ends
-    if started and not os.environ.get("EOGUARD_KEEP_STACK"):
-        local_stack.down(started)
+    _down_or_keep(local_stack, started)
 
 
 @pytest.fixture(scope="session")
@@ -66,8 +65,16 @@ def cluster_stack() -> Iterator[Endpoints]:
     cluster = LocalStack(topology="cluster")
     ends, started = cluster.up()
     yield ends
-    if started and not os.environ.get("EOGUARD_KEEP_STACK"):
-        cluster.down(started)
+    _down_or_keep(cluster, started)
+
+
+def _down_or_keep(stack: LocalStack, started: list[str]) -> None:
+    """Stop what the session started, or with EOGUARD_KEEP_STACK leave it running (detached:
+    its processes are no children this session forgets while they run)."""
+    if os.environ.get("EOGUARD_KEEP_STACK"):
+        stack.keep(started)
+    elif started:
+        stack.down(started)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

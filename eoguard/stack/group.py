@@ -63,6 +63,11 @@ class ServiceGroup(abc.ABC):
         """The first live member's pid (``nodes`` has each)."""
         return next((pid for pid in (node.pid() for node in self.nodes) if pid), None)
 
+    def detach(self) -> None:
+        """Leave every member's process to run past this object (see ManagedProcess.detach)."""
+        for node in self.nodes:
+            node.detach()
+
     def stop(self) -> None:
         """Stop every member at once: a KRaft node stopped last, alone, waits for a quorum
         that is gone (20 s, then SIGKILL)."""

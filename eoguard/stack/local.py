@@ -108,6 +108,14 @@ class LocalStack:
             for name in wanted:
                 shutil.rmtree(self.root / name, ignore_errors=True)
 
+    def keep(self, services: list[str]) -> None:
+        """Leave the named services this object started running past it (a test session kept
+        its stack for the next one): their pid files name them, ``down`` stops them later."""
+        if "kafka" in services:
+            self.kafka.detach()
+        if "redis" in services:
+            self.redis.detach()
+
     def status(self) -> dict[str, dict[str, object]]:
         """Per service: address, whether the stack manages it, pid, and readiness."""
         ends = self.endpoints()
