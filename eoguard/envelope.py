@@ -41,6 +41,7 @@ __all__ = [
     "canonical_id",
     "derived_message_id",
     "message_id_for",
+    "namespace_uuid",
     "new_message_id",
     "now_ms",
 ]
@@ -194,6 +195,12 @@ def _namespace(name: str) -> uuid.UUID:
     """The UUID of a namespace name (cached: a plain-topic consumer's id rule calls
     :func:`message_id_for` once per record, and this is half its cost)."""
     return uuid.uuid5(_BUSINESS_NAMESPACE, name)
+
+
+def namespace_uuid(name: str) -> uuid.UUID:
+    """The UUID :func:`message_id_for` hashes keys under for namespace ``name`` (the Spark job
+    spells the rest of UUIDv5 as Columns)."""
+    return _namespace(name)
 
 
 def message_id_for(namespace: str | uuid.UUID, key: str | bytes) -> str:

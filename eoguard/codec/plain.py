@@ -34,10 +34,13 @@ from typing import Any
 from eoguard.codec.envelope_codec import ENVELOPE_SCHEMA, HEADER_SIZE, MAGIC
 from eoguard.codec.rules import InputLimits
 from eoguard.codec.schemas import SchemaRegistry
-from eoguard.envelope import MAX_ID_CHARS, Envelope, canonical_id
+from eoguard.envelope import MAX_ID_CHARS, Envelope, canonical_id, message_id_for
 from eoguard.errors import ConfigError, InvalidRecordError
 
-__all__ = ["EnvelopeHeads", "Lifetime", "PlainRecord", "PlainRecords", "read_plain"]
+__all__ = [
+    "EnvelopeHeads", "Lifetime", "PlainRecord", "PlainRecords", "business_key", "id_from_field",
+    "id_from_header", "read_plain",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +139,33 @@ class PlainRecords:
         if ttl is not None and ttl * 1000 > max_ttl_ms:
             raise ConfigError(f"Lifetime.ttl_s ({ttl}) exceeds the key prefix's max_ttl_ms "
                               f"({max_ttl_ms})")
+
+
+def business_key(value: object) -> str | bytes:
+    """What :func:`~eoguard.envelope.message_id_for` hashes for a key found in a record: text
+    as its UTF-8, an integer (not a bool) as its decimal digits (``42`` and ``"42"`` are one
+    key), bytes (a header's value) as they are. Anything else (a float, a bool, null, a
+    structure) is refused with TypeError: its text would differ between languages. The Spark
+    job's ``PlainOptions`` follows the same rule (connectors/spark/README.md)."""
+    if isinstance(value, (str, bytes)):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise TypeError(f"a business key is text, an integer or bytes, got {type(value).__name__}")
+
+
+def id_from_field(namespace: str, field: str) -> IdRule:
+    """An id rule: ``message_id_for(namespace, business_key(value[field]))``."""
+    def rule(record: PlainRecord) -> str:
+        return message_id_for(namespace, business_key(record.value[field]))
+    return rule
+
+
+def id_from_header(namespace: str, header: str) -> IdRule:
+    """An id rule: ``message_id_for(namespace, <the header's bytes>)`` (its last value)."""
+    def rule(record: PlainRecord) -> str:
+        return message_id_for(namespace, record.headers[header])
+    return rule
 
 
 class EnvelopeHeads:

@@ -8,7 +8,7 @@ import pytest
 
 from eoguard.codec import InputLimits
 from eoguard.errors import ConfigError
-from eoguard_spark import DedupMode, JobOptions
+from eoguard_spark import DedupMode, JobOptions, PlainFormat, PlainOptions
 from eoguard_spark.__main__ import options_from, parser
 
 
@@ -83,3 +83,49 @@ def test_the_input_limits_come_from_the_command_line_and_default_to_the_consumer
                                  producer_chars=64, clock_skew_ms=3000)
     with pytest.raises(ConfigError, match="payload_bytes"):
         options_from(parser().parse_args([*base, "--max-payload-bytes", "-1"]))
+
+
+def test_plain_options_are_checked_at_construction() -> None:
+    def plain(**overrides: Any) -> PlainOptions:
+        values: dict[str, Any] = {"format": "json", "id_namespace": "orders", "ttl_s": 600,
+                                  "id_field": "order"}
+        values.update(overrides)
+        return PlainOptions(**values)
+
+    assert plain().format is PlainFormat.JSON
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"format": "avro"}, "not one of"),
+        ({"id_namespace": ""}, "id_namespace"),
+        ({"ttl_s": 0}, "positive"),
+        ({"ttl_s": True}, "positive"),
+        ({"ttl_s": float("inf")}, "positive"),
+        ({"id_header": "h"}, "exactly one"),
+        ({"id_field": None}, "exactly one"),
+        ({"id_field": "a.b"}, "letters, digits"),
+        ({"format": "raw"}, "give id_header"),
+        ({"format": "raw", "id_field": None, "id_header": "h", "json_schema": "a int"},
+         "for format json"),
+    ]
+    for overrides, words in cases:
+        with pytest.raises(ConfigError, match=words):
+            plain(**overrides)
+    with pytest.raises(ConfigError, match="exceeds max_ttl_ms"):
+        options(plain=plain(ttl_s=7200), max_ttl_ms=3_600_000)
+    with pytest.raises(ConfigError, match="payload_schema"):
+        options(plain=plain(), payload_schema="eoguard.example.Order")
+    with pytest.raises(ConfigError, match="PlainOptions"):
+        options(plain={"format": "json"})
+    by_header = options(plain=plain(format="raw", id_field=None, id_header="order-id"))
+    assert by_header.source_options()["includeHeaders"] == "true"
+    assert "includeHeaders" not in options(plain=plain()).source_options()
+
+
+def test_the_command_line_builds_plain_options() -> None:
+    base = ["--bootstrap", "k:9092", "--topic", "t", "--scope", "app", "--checkpoint", "/tmp/c",
+            "--output", "/tmp/o"]
+    args = parser().parse_args([*base, "--plain-format", "json", "--plain-id-namespace",
+                                "orders", "--plain-id-field", "order", "--plain-ttl-s", "60"])
+    assert options_from(args).plain == PlainOptions(format=PlainFormat.JSON, id_namespace="orders",
+                                                    ttl_s=60.0, id_field="order")
+    with pytest.raises(ConfigError, match="--plain-ttl-s"):
+        options_from(parser().parse_args([*base, "--plain-format", "raw"]))

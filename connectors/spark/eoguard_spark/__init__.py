@@ -14,7 +14,7 @@ from eoguard_spark.job import (
     local_session,
     run,
 )
-from eoguard_spark.options import DedupMode, JobOptions
+from eoguard_spark.options import DedupMode, JobOptions, PlainFormat, PlainOptions
 
 __all__ = ["BatchProcessor", "BatchStats", "DedupMode", "JobOptions", "MicroBatchRunner",
-           "build_query", "local_session", "run", "wait_for_acks"]
+           "PlainFormat", "PlainOptions", "build_query", "local_session", "run", "wait_for_acks"]

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from eoguard.codec import InputLimits
 from eoguard.errors import ConfigError, SecurityError
 from eoguard.store.keys import DEFAULT_MAX_TTL_MS, DEFAULT_PREFIX, DEFAULT_SHARDS
-from eoguard_spark.options import DedupMode, JobOptions
+from eoguard_spark.options import DedupMode, JobOptions, PlainFormat, PlainOptions
 
 
 def parser() -> argparse.ArgumentParser:
@@ -86,6 +86,15 @@ def parser() -> argparse.ArgumentParser:
     add("--reader", help="this query's name in its claim positions (reader, topic, partition, "
                          "offset) and batch tokens; default spark-<12 hex digits of the query "
                          "id>, recorded in the checkpoint")
+    add("--plain-format", choices=[f.value for f in PlainFormat],
+        help="read records that are not envelopes as plain records of this format "
+             "(docs/design.md §6); needs --plain-id-namespace, --plain-ttl-s and one of "
+             "--plain-id-field or --plain-id-header")
+    add("--plain-id-namespace", help="namespace of message_id_for(namespace, key)")
+    add("--plain-id-field", help="top-level JSON field holding the business key")
+    add("--plain-id-header", help="header whose (last) value is the business key")
+    add("--plain-ttl-s", type=float, help="a plain record expires at its timestamp plus this")
+    add("--plain-json-schema", help="Spark DDL schema a plain JSON value must match")
     add("--master", default="local[2]", help="Spark master when not under spark-submit")
     add("--shuffle-partitions", type=int, default=4, help="spark.sql.shuffle.partitions")
     return p
@@ -98,6 +107,14 @@ def options_from(args: argparse.Namespace) -> JobOptions:
         if not sep or not key:
             raise ConfigError(f"--kafka-option {item!r}: expected KEY=VALUE")
         kafka[key] = value
+    plain = None
+    if args.plain_format is not None:
+        if args.plain_id_namespace is None or args.plain_ttl_s is None:
+            raise ConfigError("--plain-format needs --plain-id-namespace and --plain-ttl-s")
+        plain = PlainOptions(format=PlainFormat(args.plain_format),
+                             id_namespace=args.plain_id_namespace, ttl_s=args.plain_ttl_s,
+                             json_schema=args.plain_json_schema, id_field=args.plain_id_field,
+                             id_header=args.plain_id_header)
     return JobOptions(
         bootstrap=args.bootstrap, topics=tuple(args.topics), scope=args.scope,
         checkpoint=args.checkpoint, output_path=args.output_path,
@@ -112,7 +129,7 @@ def options_from(args: argparse.Namespace) -> JobOptions:
         busy_wait_s=args.busy_wait_s, claim_batch_size=args.claim_batch_size,
         dead_letter_expired=args.dead_letter_expired, ack_outbox=args.ack_outbox,
         idempotent_sink=args.idempotent_sink, kafka_options=kafka, query_name=args.query_name,
-        reader=args.reader, input_limits=InputLimits(
+        reader=args.reader, plain=plain, input_limits=InputLimits(
             payload_bytes=args.max_payload_bytes, header_count=args.max_headers,
             header_bytes=args.max_header_bytes, producer_chars=args.max_producer_chars,
             clock_skew_ms=round(args.clock_skew_s * 1000)))

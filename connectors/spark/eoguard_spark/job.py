@@ -25,8 +25,9 @@ from eoguard.store.client import connect
 from eoguard.store.layout import check_layout
 from eoguard_spark.acks import wait_for_acks
 from eoguard_spark.batch import BatchProcessor, BatchStats, ForeachBatch, MicroBatchRunner
-from eoguard_spark.decode import RowStatus, decode
+from eoguard_spark.decode import RowStatus
 from eoguard_spark.options import DedupMode, JobOptions
+from eoguard_spark.plain import decode_topic
 from eoguard_spark.redaction import redaction_conf
 from eoguard_spark.sink import reader_mismatch, recorded_reader
 
@@ -104,9 +105,9 @@ def build_query(spark: SparkSession, options: JobOptions, *,
     registry = (SchemaRegistry.from_dir(options.schema_dir) if options.schema_dir
                 else SchemaRegistry.default())
     raw = spark.readStream.format("kafka").options(**options.source_options()).load()
-    rows = decode(raw, registry, payload_schema=options.payload_schema,
-                  max_ttl_ms=options.max_ttl_ms,
-                  limits=options.input_limits.within_grace(int(options.grace_s * 1000)))
+    rows = decode_topic(raw, registry, plain=options.plain,
+                        payload_schema=options.payload_schema, max_ttl_ms=options.max_ttl_ms,
+                        limits=options.input_limits.within_grace(int(options.grace_s * 1000)))
     if transform is not None:
         rows = transform(rows)
     if options.dedup is DedupMode.WATERMARK:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +20,7 @@ from eoguard.store.keys import (
     check_scope,
 )
 
-__all__ = ["DedupMode", "JobOptions"]
+__all__ = ["DedupMode", "JobOptions", "PlainFormat", "PlainOptions"]
 
 
 class DedupMode(str, enum.Enum):
@@ -30,6 +32,74 @@ class DedupMode(str, enum.Enum):
     """Spark's ``dropDuplicatesWithinWatermark``: this query's rows only, within the watermark."""
     NONE = "none"
     """No dedup at all (decode, expiry and dead letters only); a baseline for benchmarks."""
+
+
+class PlainFormat(str, enum.Enum):
+    """How the job reads the value of a plain record (one that is not an envelope)."""
+
+    JSON = "json"
+    """A UTF-8 JSON document; with ``json_schema`` (a Spark DDL string such as ``order_id
+    string, total_cents bigint``) a value of other types is malformed."""
+    RAW = "raw"
+    """Bytes the job does not read: the id must come from a header."""
+
+
+_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""A JSON id field the job can name in a JSON path as the consumer names it in a dict."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlainOptions:
+    """The rules for records that are not envelopes (docs/design.md §6, "Plain topics").
+
+    The id is ``message_id_for(id_namespace, key)``, the key from exactly one of ``id_field``
+    (a top-level field of the JSON value: text, or an integer as its decimal digits) or
+    ``id_header`` (the bytes of the header's last value); the expiry is the record's Kafka
+    timestamp plus ``ttl_s``.
+    A GuardedConsumer with ``PlainRecords(id_rule=id_from_field(ns, field) | id_from_header(ns,
+    header), lifetime=Lifetime(ttl_s=...))`` keys the same record the same way.
+    """
+
+    format: PlainFormat
+    id_namespace: str
+    ttl_s: float
+    json_schema: str | None = None
+    id_field: str | None = None
+    id_header: str | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "format", PlainFormat(self.format))
+        except ValueError:
+            raise ConfigError(f"plain format {self.format!r} is not one of "
+                              f"{[f.value for f in PlainFormat]}") from None
+        if not isinstance(self.id_namespace, str) or not self.id_namespace:
+            raise ConfigError("plain id_namespace must be a non-empty string")
+        ttl = self.ttl_s
+        if (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl)
+                or ttl <= 0):
+            raise ConfigError(f"plain ttl_s must be a positive number, got {ttl!r}")
+        if (self.id_field is None) == (self.id_header is None):
+            raise ConfigError("plain records need exactly one of id_field or id_header")
+        for name in ("id_field", "id_header", "json_schema"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ConfigError(f"plain {name} must be a non-empty string, got {value!r}")
+        if self.id_field is not None and self.format is not PlainFormat.JSON:
+            raise ConfigError("plain format raw has no fields: give id_header")
+        if self.id_field is not None and not _FIELD.fullmatch(self.id_field):
+            raise ConfigError(f"plain id_field {self.id_field!r}: a top-level field name of "
+                              f"letters, digits and '_'")
+        if self.json_schema is not None and self.format is not PlainFormat.JSON:
+            raise ConfigError("plain json_schema is for format json")
+
+    def check(self, *, max_ttl_ms: int, payload_schema: str | None) -> None:
+        """What the rules must agree on with the rest of the job's options."""
+        if payload_schema is not None:
+            raise ConfigError("plain records and payload_schema: not supported together "
+                              "(a plain record's payload stays its raw bytes)")
+        if self.ttl_s * 1000 > max_ttl_ms:
+            raise ConfigError(f"plain ttl_s ({self.ttl_s}) exceeds max_ttl_ms ({max_ttl_ms})")
 
 
 def _kafka_options(options: Mapping[str, str]) -> dict[str, str]:
@@ -86,6 +156,7 @@ class JobOptions:
     kafka_options: Mapping[str, str] = field(default_factory=dict, repr=False)
     query_name: str | None = None
     reader: str | None = None
+    plain: PlainOptions | None = None
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -112,6 +183,10 @@ class JobOptions:
         if self.output_path is not None and self.output_path == self.dead_letter_path:
             raise ConfigError("output_path and dead_letter_path must differ")
         object.__setattr__(self, "kafka_options", _kafka_options(self.kafka_options))
+        if self.plain is not None:
+            if not isinstance(self.plain, PlainOptions):
+                raise ConfigError("plain must be an eoguard_spark.PlainOptions")
+            self.plain.check(max_ttl_ms=self.max_ttl_ms, payload_schema=self.payload_schema)
 
     def keyspace(self) -> KeySpace:
         """The Redis key space the scope's GuardedConsumers use too."""
@@ -135,6 +210,8 @@ class JobOptions:
         if self.max_offsets_per_trigger is not None:
             out["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
         out.update(self.kafka_options)
+        if self.plain is not None and self.plain.id_header is not None:
+            out["includeHeaders"] = "true"
         out["kafka.bootstrap.servers"] = self.bootstrap
         out["subscribe"] = ",".join(self.topics)
         return kafka_jaas_login(out)

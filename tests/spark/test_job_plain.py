@@ -1,0 +1,80 @@
+"""The job on plain topics (issue 35), real Kafka, Redis and Spark: a topic of plain JSON orders
+with copies, envelopes of some of the same orders and two broken records comes out one row per
+order with the broken records as dead letters; a GuardedConsumer of the scope with the same
+rules then drops the orders the job wrote and handles only new ones."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from eoguard import Lifetime, PlainRecords
+from eoguard.codec.plain import id_from_field
+from eoguard.consumer.guarded import GuardedConsumer
+from eoguard.consumer.handler import HandlerContext
+from eoguard.envelope import message_id_for
+from eoguard.stack.feed import envelope, produce
+from eoguard_spark import PlainOptions
+from tests.consumer_kit import consumer_config, drain
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+
+def order_value(number: int) -> bytes:
+    return json.dumps({"order": number, "total_cents": 100 * number}).encode()
+
+
+def order_id(number: int) -> str:
+    return message_id_for("orders", str(number))
+
+
+def test_plain_and_mixed_topic_once_per_order_with_a_consumer_in_the_scope(
+        spark, new_topic, kafka_bootstrap, redis_url, key_prefix, job_options, run_job) -> None:
+    topic = new_topic(2)
+    produce(kafka_bootstrap, topic, [order_value(n) for n in range(40)], partition=0)
+    produce(kafka_bootstrap, topic, [order_value(n) for n in range(10)], partition=1)  # copies
+    # Envelopes of orders 30-49 under the same business-key ids (30-39 come both ways).
+    produce(kafka_bootstrap, topic, [envelope(order_value(n), message_id=order_id(n))
+                                     for n in range(30, 50)], partition=1)
+    produce(kafka_bootstrap, topic, [b'{"order": 5', b'{"total_cents": 1}'], partition=0)
+    plain = PlainOptions(format="json", id_namespace="orders", ttl_s=600, id_field="order",
+                         json_schema="order bigint, total_cents bigint")
+    options = job_options([topic], scope="app", plain=plain)
+
+    stats = run_job(options)
+
+    out = Counter(r["id"] for r in spark.read.parquet(options.output_path).collect())
+    dead = spark.read.parquet(options.dead_letter_path).collect()
+    statuses: Counter[str] = Counter()
+    for batch in stats:
+        statuses.update(batch.rows)
+    print(f"output rows={sum(out.values())} distinct={len(out)} dead={len(dead)} "
+          f"statuses={dict(statuses)}")
+    assert out == Counter(order_id(n) for n in range(50))
+    assert sorted(r["reason"] for r in dead) == [
+        "plain record: id field 'order' is missing or null",
+        "plain record: the value is not valid JSON of json_schema"]
+    assert {bytes(r["value"]) for r in dead} == {b'{"order": 5', b'{"total_cents": 1}'}
+
+    # A GuardedConsumer of the scope, keyed by the same rule: copies of what the job wrote
+    # are duplicates; only the new orders are handled.
+    other = new_topic(1)
+    produce(kafka_bootstrap, other, [order_value(n) for n in [*range(20), *range(50, 60)]])
+    handled: list[int] = []
+
+    def handler(ctx: HandlerContext) -> None:
+        handled.append(ctx.payload["order"])
+
+    rules = PlainRecords(deserializer=json.loads, id_rule=id_from_field("orders", "order"),
+                         lifetime=Lifetime(ttl_s=600))
+    config = consumer_config(kafka_bootstrap, redis_url, [other], prefix=key_prefix,
+                             scope="app", dead_letter_topic=new_topic(1, prefix="dlq"),
+                             plain_records=rules)
+    with GuardedConsumer(config, handler=handler) as consumer:
+        drain([consumer], lambda: consumer.stats().polled >= 30 and len(handled) >= 10)
+        duplicates = consumer.stats().duplicates
+    print(f"consumer handled={len(handled)} duplicates={duplicates}")
+    assert Counter(handled) == Counter(range(50, 60))
+    assert duplicates == 20
