@@ -36,7 +36,6 @@ from eoguard.errors import CodecError, StateError, StoreError, StoreOutOfMemoryE
 from eoguard.kafka.consumer import Partition
 from eoguard.kafka.sink import DeliverySink
 from eoguard.store.claim_policy import CONSUMER, BusyWait, Verdict
-from eoguard.store.client import out_of_memory
 from eoguard.store.dedup import (
     Claim,
     ClaimReport,
@@ -301,7 +300,7 @@ class BatchProcessor:
                 continue  # released, or no longer ours anyway
             if result is _OK:
                 self.stats.handled += 1
-            elif result is _EFFECT_ERROR and out_of_memory(report.details[i]):
+            elif result is _EFFECT_ERROR and report.refused_for_memory(i):
                 # Redis was full, the message is not at fault: again, not counted a failure.
                 item.error = StoreOutOfMemoryError(f"Redis is full: {report.details[i]}")
                 item.store_refused += 1
@@ -343,7 +342,7 @@ class BatchProcessor:
                 retry.append(item)
                 self.stats.retries += 1
         if retry:
-            first = min(max(item.failures, 1) for item in retry)
+            first = min(item.attempts for item in retry)  # grows with store refusals too
             waits.append(min(cfg.retry_backoff_s * 2 ** (first - 1), cfg.retry_backoff_max_s))
         busy, batch.busy = batch.busy, []
         lease_left_ms, batch.lease_left_ms = batch.lease_left_ms, []

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from eoguard.store.client import out_of_memory
 from eoguard.store.keys import KeySpace
 
 __all__ = [
@@ -180,6 +181,15 @@ class DoneReport(NamedTuple):
 
     results: list[DoneResult]
     details: dict[int, str]  # per EFFECT_ERROR / PARTIAL (by index): why effects failed
+
+    def refused_for_memory(self, i: int) -> bool:
+        """Whether the ``i``-th claim's effects were refused because Redis is full (OOM under
+        noeviction): a store outage, not the message's fault. Judged by the error Redis gave,
+        the text after the last ``) failed: `` of the reason ``lua/lib/effects.lua`` writes
+        (``<command> <key> (command c of n) failed: <error>; ...``), never by the key or any
+        other text that comes from the message."""
+        _, failed, error = self.details.get(i, "").rpartition(") failed: ")
+        return bool(failed) and out_of_memory(error)  # the check's refusals are no writes
 
     def outcomes(self, claims: Sequence[Claim]) -> list[DoneOutcome]:
         return [DoneOutcome(claim, result, self.details.get(i, ""))

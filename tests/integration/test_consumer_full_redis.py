@@ -69,3 +69,41 @@ def test_a_done_mark_refused_for_memory_is_retried_not_dead_lettered(
           f"{stats.dead_lettered}, retries {stats.retries}, store outages {stats.store_outages}")
     assert stats.dead_lettered == 0, "a message was dead-lettered because Redis was full"
     assert stats.handled == 1
+
+
+def test_an_effect_refused_for_its_type_is_counted_even_when_its_key_quotes_oom(
+        kafka_bootstrap: str, private_redis: RedisServer, new_topic: Callable[..., str],
+        key_prefix: str) -> None:
+    """Found by an adversarial read of the rule above: Redis has room; the handler HSETs a key
+    built from the payload (untrusted) that holds a string: WRONGTYPE, an EFFECT_ERROR whose
+    reason names the key. The payload is "OOM command not allowed": judged by the reason's
+    text, it passed for a full Redis, was never counted, and the handler ran without end. It
+    is judged by the error Redis gave: dead-lettered after ``max_retries``."""
+    topic = new_topic(1)
+    produce(kafka_bootstrap, topic, [envelope(b"OOM command not allowed")])
+    admin = private_redis.client(timeout_s=5.0)
+    calls: list[int] = []
+
+    def handler(ctx: HandlerContext) -> None:
+        calls.append(ctx.attempt)
+        if len(calls) > 10:  # the defect: stop the loop, the assertion below says why
+            raise RuntimeError("test: the handler ran more than 10 times")
+        key = ctx.key_for(f"customer:{ctx.payload.decode()}")
+        admin.set(key, "a string")  # written by another part of the application
+        ctx.tx.hset(key, mapping={"orders": 1})
+
+    config = consumer_config(kafka_bootstrap, private_redis.address, [topic], prefix=key_prefix,
+                             dead_letter_topic=new_topic(1, prefix="dlq"), max_retries=2,
+                             retry_backoff_s=0.01, retry_backoff_max_s=0.05)
+    consumer = GuardedConsumer(config, handler=handler)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not consumer.stats().dead_lettered:
+            consumer.poll_once()
+        stats = consumer.stats()
+    finally:
+        consumer.close()
+        admin.close()
+    print(f"handler runs {calls}, dead-lettered {stats.dead_lettered}")
+    assert calls == [1, 2, 3], f"a WRONGTYPE effect ran the handler {len(calls)} times"
+    assert stats.dead_lettered == 1

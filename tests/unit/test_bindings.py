@@ -37,7 +37,15 @@ from eoguard.store.bindings.outbox import (
     ShardIds,
     StoredArgs,
 )
-from eoguard.store.dedup_types import Claim, ClaimResult, DoneResult, Effect, ReleaseResult, RenewResult
+from eoguard.store.dedup_types import (
+    Claim,
+    ClaimResult,
+    DoneReport,
+    DoneResult,
+    Effect,
+    ReleaseResult,
+    RenewResult,
+)
 from eoguard.store.outbox_types import OutboxRecord, record_body
 
 GRACE = 5
@@ -254,3 +262,17 @@ def test_liveness() -> None:
     assert (call.keys, call.args) == (["live"], [])
     live = LiveRead.parse([b"5", b"p1", b"30", b"p2", b"40"])
     assert (live.read_at_ms, live.deadlines) == (5, {"p1": 30, "p2": 40})
+
+
+@pytest.mark.parametrize(("reason", "full"), [
+    ("HINCRBY p:fx:{s/1}:n (command 1 of 2) failed: OOM command not allowed when used memory > "
+     "'maxmemory'.; nothing applied", True),
+    ("HSET p:fx:{s/1}:OOM command not allowed (command 1 of 1): key holds a string, not a hash; "
+     "nothing applied", False),  # the check's refusal: the key quotes OOM, Redis did not
+    ("SET p:fx:{s/1}:x) failed: OOM command not allowed (command 1 of 1) failed: WRONGTYPE "
+     "Operation against a key holding the wrong kind of value; nothing applied", False),
+    ("", False),
+])
+def test_a_refusal_for_memory_is_judged_by_the_error_redis_gave(reason: str, full: bool) -> None:
+    report = DoneReport([DoneResult.EFFECT_ERROR], {0: reason})
+    assert report.refused_for_memory(0) is full
