@@ -78,3 +78,27 @@ def test_plain_and_mixed_topic_once_per_order_with_a_consumer_in_the_scope(
     print(f"consumer handled={len(handled)} duplicates={duplicates}")
     assert Counter(handled) == Counter(range(50, 60))
     assert duplicates == 20
+
+
+def test_raw_records_keyed_by_a_header_come_out_once(
+        spark, new_topic, kafka_bootstrap, job_options, run_job) -> None:
+    from confluent_kafka import Producer  # noqa: PLC0415
+
+    topic = new_topic(2)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "acks": "all"})
+    keys = [f"\u00fc-{n}".encode() for n in range(12)]
+    for n, key in enumerate([*keys, *keys[:5]]):  # copies of five, in the other partition
+        producer.produce(topic, b"\x00raw-%d" % n, partition=n % 2,
+                         headers=[("order-id", b"stale"), ("order-id", key)])
+    producer.produce(topic, b"\x00no id", partition=0, headers=[("other", b"1")])
+    assert producer.flush(30) == 0
+    plain = PlainOptions(format="raw", id_namespace="orders", ttl_s=600, id_header="order-id")
+    options = job_options([topic], scope="app", plain=plain)
+
+    run_job(options)
+
+    out = Counter(r["id"] for r in spark.read.parquet(options.output_path).collect())
+    dead = spark.read.parquet(options.dead_letter_path).collect()
+    print(f"output rows={sum(out.values())} dead={len(dead)}")
+    assert out == Counter(message_id_for("orders", key) for key in keys)
+    assert [r["reason"] for r in dead] == ["plain record: no header 'order-id' (the id's key)"]

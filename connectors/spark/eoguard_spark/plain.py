@@ -83,7 +83,8 @@ def _header_key(name: str) -> tuple[Column, list[Rule]]:
     """The bytes of the header's last value (a header without a value does not count)."""
     found = F.filter(F.col("headers"), lambda h: (h.getField("key") == F.lit(name))
                      & h.getField("value").isNotNull())
-    key = F.element_at(found, -1).getField("value")
+    # try_element_at: under ANSI mode (Spark 4's default) element_at of an empty array fails
+    key = F.try_element_at(found, F.lit(-1)).getField("value")
     return key, [(key.isNull(), F.lit(f"plain record: no header '{name}' (the id's key)"))]
 
 
