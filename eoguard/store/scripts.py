@@ -266,11 +266,24 @@ class Scripts:
         return {} if self._redirects is None else self._redirects.route(call.keys)
 
     def execute(self, pipe: Any, *, doing: str, raise_on_error: bool = True) -> list[Any]:
-        """Execute a pipeline, wrapping redis-py errors at the boundary."""
+        """Execute a pipeline of plain commands (reads, deletes), wrapping redis-py errors at
+        the boundary.
+
+        redis-py follows the redirections of these itself; an ASK to a master its slot map
+        does not name (one that just joined, taking its first slots) fails there with
+        AttributeError (redis-py #2432): that is StoreUnavailableError, a retry once the slot
+        is handed over (script calls go through :mod:`.redirects`, which runs them there).
+        """
         try:
             return list(pipe.execute(raise_on_error=raise_on_error))
         except redis.RedisError as exc:
             raise wrap_redis_error(exc, doing) from exc
+        except AttributeError as exc:
+            if self._redirects is None:
+                raise
+            raise StoreUnavailableError(
+                f"a hash slot is moving to a Redis master this client does not know yet while "
+                f"{doing}: retry") from exc
 
     def _load(self, name: str) -> None:
         try:

@@ -22,15 +22,17 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from redis.crc import key_slot
 
 from eoguard.envelope import new_message_id
-from eoguard.errors import ReplicationTimeoutError, StoreError
+from eoguard.errors import ReplicationTimeoutError, StoreError, StoreUnavailableError
 from eoguard.stack import Endpoints, LocalStack
 from eoguard.stack.redis_cluster import RedisClusterNodes
 from eoguard.stack.redis_shard import AddedShard
 from eoguard.store.client import connect
 from eoguard.store.dedup import Claim, DedupStore, RenewResult
 from eoguard.store.keys import KeySpace
+from eoguard.store.outbox import Outbox
 from eoguard.store.replicas import ReplicaWait
 from tests.dedup_kit import GRACE_MS, MINE, NEW, claim_of, claim_results, done_results
 from tests.migration_kit import SlotMove, free_scope, masters, slot_move, slot_of
@@ -103,6 +105,24 @@ def test_a_call_sent_on_by_ask_to_a_master_the_client_does_not_know_runs_there(
             pytest.fail(f"the renewal failed StoreError while its slot moved: {exc}")
         assert renewed == [RenewResult.RENEWED]
         move.finish()
+
+
+def test_a_read_sent_on_by_ask_to_a_master_the_client_does_not_know_is_a_retry(
+        store: DedupStore, added: AddedShard, redis_url: str) -> None:
+    """A plain read (Outbox.get, as the chaos run's producers read a record to send it again)
+    goes through redis-py's own redirections, not eoguard's: its ASK to the added master,
+    which serves no slot yet, failed with AttributeError and crashed a producer (chaos cluster
+    seed 3). It is StoreUnavailableError: a retry."""
+    outbox = Outbox(store.client, store.keys)
+    message_id = new_message_id()
+    key = store.keys.outbox_record(message_id)
+    store.client.set(key, b"not read")
+    with slot_move(redis_url, key_slot(key.encode())) as move:
+        half_move_to(added, redis_url, move, [key])
+        with pytest.raises(StoreUnavailableError, match="does not know yet"):
+            outbox.get(message_id)  # redis-py 8.1 (pinned) cannot follow this ASK
+        move.finish()
+    store.client.delete(key)
 
 
 def test_a_done_mark_run_by_ask_is_acknowledged_only_once_its_master_replicated_it(
