@@ -127,7 +127,10 @@ class InvalidRecordError(CodecError):
 
 
 class UnavailableError(EoguardError):
-    """Redis, Kafka or the dead-letter producer failed or is unreachable; retry after a backoff."""
+    """Redis, Kafka or the dead-letter producer failed or is unreachable; retry after a backoff.
+
+    Also what a plain record's deserializer or rule reports for its service being down
+    (eoguard/codec/plain.py): the consumer re-reads the record, never dead-letters it."""
 
 
 class StoreError(UnavailableError):

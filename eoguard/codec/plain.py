@@ -19,9 +19,16 @@ reader has loaded. Everything else is plain: also an Avro single-object record o
 schema, and an envelope of a version this reader does not know (upgrade readers first, §3).
 
 A record whose deserializer or rule raises, or gives what cannot be a key (not a UUID
-string, a lifetime that is not an integer, beyond now + ``max_ttl``, or from a timestamp
-the record lacks) is malformed: :class:`~eoguard.errors.InvalidRecordError` naming the
-rule, dead-lettered, never keyed.
+string, a lifetime that is not an integer, before the record's timestamp, beyond now +
+``max_ttl``, or from a timestamp the record lacks) is malformed:
+:class:`~eoguard.errors.InvalidRecordError` naming the rule, dead-lettered, never keyed.
+
+Except a service outage: a deserializer or rule that raises an eoguard
+:class:`~eoguard.errors.UnavailableError` (retry later), or a builtin ``ConnectionError`` or
+``TimeoutError`` (confluent-kafka's ``AvroDeserializer`` while Schema Registry is down), says
+nothing about the record. :func:`read_plain` raises it as an ``UnavailableError``, and the
+consumer re-reads the record after a backoff, as when Redis fails (``stats().store_outages``);
+it is never dead-lettered for it.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from eoguard.codec.envelope_codec import ENVELOPE_SCHEMA, HEADER_SIZE, MAGIC
 from eoguard.codec.rules import InputLimits
 from eoguard.codec.schemas import SchemaRegistry
 from eoguard.envelope import MAX_ID_CHARS, Envelope, canonical_id, message_id_for
-from eoguard.errors import ConfigError, InvalidRecordError
+from eoguard.errors import ConfigError, InvalidRecordError, UnavailableError
 
 __all__ = [
     "EnvelopeHeads", "Lifetime", "PlainRecord", "PlainRecords", "business_key", "id_from_field",
@@ -119,7 +126,13 @@ def _integer(value: object) -> int:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PlainRecords:
-    """How a GuardedConsumer reads records that are not envelopes (module docstring)."""
+    """How a GuardedConsumer reads records that are not envelopes (module docstring).
+
+    What the callables raise decides the record's fate: an eoguard ``UnavailableError``, a
+    ``ConnectionError`` or a ``TimeoutError`` means "retry later" (the record is re-read after
+    a backoff, never dead-lettered: a Schema Registry outage loses nothing); any other
+    exception means the record is malformed (dead-lettered with the reason).
+    """
 
     deserializer: Callable[[bytes], Any]
     id_rule: IdRule
@@ -190,34 +203,49 @@ def _headers(raw: Iterable[tuple[str, str | bytes | None]] | Mapping[str, str | 
             for name, value in pairs if value is not None}
 
 
+_OUTAGES = (UnavailableError, ConnectionError, TimeoutError)
+"""What a deserializer or rule raises when its service is down: retry later (module
+docstring)."""
+
+
+def _refused(what: str, exc: Exception, *, rule: str, where: str) -> Exception:
+    """The error to raise for ``exc`` from the application's ``rule``: an UnavailableError
+    for an outage (the record is re-read), else InvalidRecordError (dead-lettered)."""
+    if isinstance(exc, _OUTAGES):
+        return UnavailableError(f"plain record {where}: {what} "
+                                f"{type(exc).__name__}: {exc} (re-read after a backoff)")
+    return InvalidRecordError(f"{what} {type(exc).__name__}: {exc}", rule=rule)
+
+
 def read_plain(rules: PlainRecords, value: bytes | None, *, key: bytes | None,
                headers: Iterable[tuple[str, str | bytes | None]]
                | Mapping[str, str | bytes | None] | None, timestamp_ms: int | None,
                topic: str, partition: int, offset: int, now_ms: int, max_ttl_ms: int,
                limits: InputLimits) -> tuple[Envelope, Any]:
     """The synthetic envelope of a plain record (id and expiry from the rules) and its payload;
-    :class:`InvalidRecordError` naming the rule that failed.
+    :class:`InvalidRecordError` naming the rule that failed; :class:`UnavailableError` when a
+    deserializer or rule reports an outage (module docstring): read the record again later.
 
     The envelope has ``producer=""``, ``attempt=1``, ``created_at_ms`` the record's timestamp
-    (now when it has none, never after the expiry), ``payload_schema=None``, ``payload`` the
-    raw value and ``headers`` the Kafka headers as text.
+    (now when it has none, never after the expiry; an expiry before the record's timestamp is
+    refused, as an envelope's is), ``payload_schema=None``, ``payload`` the raw value and
+    ``headers`` the Kafka headers as text.
     """
     raw = b"" if value is None else value
+    where = f"{topic}[{partition}]@{offset}"
     if len(raw) > limits.payload_bytes:
         raise InvalidRecordError(f"value is {len(raw)} bytes, over {limits.payload_bytes}",
                                  rule="size")
     try:
         decoded = rules.deserializer(raw)
-    except Exception as exc:  # any error of the application's callables makes it malformed
-        raise InvalidRecordError(f"deserializer raised {type(exc).__name__}: {exc}",
-                                 rule="value") from exc
+    except Exception as exc:  # an outage: retry later; any other error: malformed
+        raise _refused("deserializer raised", exc, rule="value", where=where) from exc
     record = PlainRecord(decoded, raw, key, _headers(headers), timestamp_ms, topic, partition,
                          offset)
     try:
         given = rules.id_rule(record)
     except Exception as exc:
-        raise InvalidRecordError(f"id rule raised {type(exc).__name__}: {exc}",
-                                 rule="id") from exc
+        raise _refused("id rule raised", exc, rule="id", where=where) from exc
     mid = canonical_id(given) if isinstance(given, str) else None
     if mid is None:
         shown = repr(given)
@@ -226,8 +254,11 @@ def read_plain(rules: PlainRecords, value: bytes | None, *, key: bytes | None,
     try:
         expires_at = rules.lifetime.expires_at_ms(record)
     except Exception as exc:
-        raise InvalidRecordError(f"lifetime rule failed: {type(exc).__name__}: {exc}",
-                                 rule="lifetime") from exc
+        raise _refused("lifetime rule failed:", exc, rule="lifetime", where=where) from exc
+    if timestamp_ms is not None and expires_at < timestamp_ms:  # as an envelope's (§3)
+        raise InvalidRecordError(
+            f"expires_at {expires_at} is before the record's timestamp {timestamp_ms} "
+            f"(an expiry in seconds where epoch milliseconds are expected?)", rule="lifetime")
     if expires_at > now_ms + max_ttl_ms + limits.clock_skew_ms:
         raise InvalidRecordError(
             f"expires_at {expires_at} is beyond now + max_ttl ({now_ms} + {max_ttl_ms} ms)",

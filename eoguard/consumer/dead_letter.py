@@ -11,6 +11,9 @@ The record keeps its key, value and headers; eoguard adds headers saying why and
     eoguard.scope            the consumer scope that gave up on it
     eoguard.message.id       the envelope id, when the record decoded
 
+Header text is encoded as UTF-8 with ``backslashreplace``: a reason quoting a hostile record
+(a lone surrogate from its JSON) is sent escaped, never refused (:func:`_encoded`).
+
 The consumer flushes the dead letters of a batch before it commits past them; a record that
 cannot be dead-lettered keeps its offset uncommitted (DeadLetterError).
 """
@@ -25,6 +28,13 @@ from eoguard.errors import BrokerError, DeadLetterError
 from eoguard.kafka.sink import DeliverySink
 
 _MAX_REASON = 1024
+
+
+def _encoded(text: str) -> bytes:
+    """A header value's bytes: UTF-8, with what UTF-8 cannot hold (a lone surrogate quoted
+    from a hostile record) as a backslash escape; never raises (the one place header text
+    is encoded)."""
+    return text.encode("utf-8", "backslashreplace")
 
 
 class DeadLetterReason(enum.Enum):
@@ -53,7 +63,7 @@ class DeadLetterRouter:
             if isinstance(item, tuple) and item[1] is not None:
                 value = item[1]
                 headers.append((str(item[0]), value if isinstance(value, bytes)
-                                else str(value).encode()))
+                                else _encoded(str(value))))
         extra = {
             "eoguard.error.kind": reason.value,
             "eoguard.error.type": error_type,
@@ -66,7 +76,7 @@ class DeadLetterRouter:
         }
         if message_id is not None:
             extra["eoguard.message.id"] = message_id
-        headers += [(k, v.encode()) for k, v in extra.items()]
+        headers += [(k, _encoded(v)) for k, v in extra.items()]
         try:
             self._sink.produce(self.topic, msg.value(), msg.key(), headers)
         except BrokerError as exc:

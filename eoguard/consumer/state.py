@@ -33,7 +33,7 @@ class ConsumerStats:
     claim_round_trips: int = 0
     redis_wait_s: float = 0.0  # the poll loop blocked on Redis replies (high: Redis is the bound)
     in_flight: int = 0
-    store_outages: int = 0
+    store_outages: int = 0  # batches rewound: Redis, Kafka or a plain record's service down
     commits: int = 0
     lease_renewals: int = 0  # renewal passes over the batches held (one write per record)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -151,7 +152,9 @@ def test_a_record_whose_rule_fails_is_dead_lettered_with_its_reason(
 
     def expiry(rec: PlainRecord) -> int:
         assert rec.timestamp_ms is not None
-        return int(rec.value.get("expires_at", rec.timestamp_ms + 600_000))
+        if "expires_at" in rec.value:
+            return int(rec.value["expires_at"])
+        return rec.timestamp_ms + int(rec.value.get("expires_in_ms", 600_000))
 
     rules = PlainRecords(deserializer=json.loads, id_rule=id_rule, lifetime=Lifetime(rule=expiry))
     far = now_ms() + DEFAULT_MAX_TTL_MS + 3_600_000
@@ -161,8 +164,10 @@ def test_a_record_whose_rule_fails_is_dead_lettered_with_its_reason(
         "beyond max_ttl": (json.dumps({"order": 6, "expires_at": far}).encode(),
                            "beyond now + max_ttl"),
         "not json": (b"{truncated", "deserializer raised JSONDecodeError"),
+        "before its timestamp": (json.dumps({"order": 8, "expires_at": now_ms() // 1000})
+                                 .encode(), "before the record's timestamp"),
     }
-    expired = json.dumps({"order": 7, "expires_at": now_ms() - 1_000}).encode()
+    expired = json.dumps({"order": 7, "expires_in_ms": 1}).encode()
     good = [order_value(number) for number in range(len(bad) + 1)]
     values = [good[0]]
     for (raw, _), after in zip(bad.values(), good[1:], strict=True):
@@ -233,3 +238,115 @@ def test_a_topic_half_moved_to_a_guarded_producer_handles_each_order_once(
     while list(redis_client.scan_iter(f"{key_prefix}:ob:*:r:*", count=1000)):
         assert time.monotonic() < deadline, "outbox records left unacknowledged"
         consumer.poll_once()
+
+
+@dataclass
+class Order:  # what a team's deserializer builds from its JSON: Order(**json.loads(raw))
+    order: int
+
+
+def order_object(raw: bytes) -> Order:
+    return Order(**json.loads(raw))
+
+
+def order_object_id(rec: PlainRecord) -> str:
+    return message_id_for("orders", str(rec.value.order))
+
+
+def order_only(number: int) -> bytes:
+    return json.dumps({"order": number}).encode()
+
+
+# Valid ASCII JSON whose key is the escape of a lone surrogate: the deserializer's TypeError
+# quotes the key, so the reason to dead-letter it holds a lone surrogate UTF-8 cannot encode.
+HOSTILE = b'{"\\udcff": 1}'
+
+
+def test_a_record_whose_reason_holds_a_lone_surrogate_is_dead_lettered(
+        make, new_topic, kafka_bootstrap) -> None:
+    """An adversarial read (adv5) found DeadLetterRouter.route encoding the reason with
+    ``str.encode()``: a lone surrogate quoted from a hostile record raised UnicodeEncodeError
+    out of poll_once, so one record stopped its partition. The reason is now sent escaped
+    (backslashreplace) and the records around it are handled."""
+    topic, dlq = new_topic(1), new_topic(1, prefix="dlq")
+    produce(kafka_bootstrap, topic, [order_only(0), HOSTILE, order_only(1)])
+    seen: Counter[int] = Counter()
+
+    def handle(ctx: HandlerContext) -> None:
+        seen[ctx.payload.order] += 1
+
+    rules = PlainRecords(deserializer=order_object, id_rule=order_object_id,
+                         lifetime=Lifetime(ttl_s=600))
+    consumer = make([topic], handle, plain_records=rules, dead_letter_topic=dlq)
+    drain([consumer], lambda: consumer.stats().polled >= 3 and len(seen) >= 2)
+    assert seen == Counter({0: 1, 1: 1})
+    (letter,) = read_all(kafka_bootstrap, dlq, 1)
+    assert letter.value() == HOSTILE
+    headers = headers_of(letter)
+    assert headers["eoguard.error.type"] == "InvalidRecordError"
+    assert "\\udcff" in headers["eoguard.error.reason"]  # escaped, as backslashreplace writes it
+
+
+def test_the_records_read_with_a_hostile_one_are_not_lost(make, new_topic,
+                                                          kafka_bootstrap) -> None:
+    """The same adversarial read: the UnicodeEncodeError escaped poll_once after the batch's
+    records were read, so an application polling on (or a supervisor restarting the consumer)
+    lost the good records of that batch once later batches committed past them. Nothing
+    escapes now, and every record is handled once."""
+    topic = new_topic(1)
+    produce(kafka_bootstrap, topic, [order_only(0), HOSTILE, order_only(1)])
+    seen: Counter[int] = Counter()
+
+    def handle(ctx: HandlerContext) -> None:
+        seen[ctx.payload.order] += 1
+
+    rules = PlainRecords(deserializer=order_object, id_rule=order_object_id,
+                         lifetime=Lifetime(ttl_s=600))
+    consumer = make([topic], handle, plain_records=rules)
+    errors: list[BaseException] = []
+
+    def poll_forgiving() -> None:
+        try:
+            consumer.poll_once()
+        except Exception as exc:  # what a supervising loop does: log it, poll on
+            errors.append(exc)
+
+    for _ in range(10):
+        poll_forgiving()
+    produce(kafka_bootstrap, topic, [order_only(n) for n in range(2, 6)])
+    deadline = time.monotonic() + 30
+    while len(seen) < 6 and time.monotonic() < deadline:
+        poll_forgiving()
+    assert errors == []
+    assert seen == Counter(range(6))
+
+
+def test_a_deserializer_outage_is_retried_not_dead_lettered(make, new_topic,
+                                                            kafka_bootstrap) -> None:
+    """An adversarial read (adv5) found a deserializer failing for its service being down
+    (confluent-kafka's AvroDeserializer while Schema Registry is unreachable raises a
+    connection error) made valid records malformed: dead-lettered for good. A ConnectionError,
+    TimeoutError or UnavailableError is now an outage: the consumer rewinds and re-reads the
+    record after a backoff (stats().store_outages), and handles it once the service is back."""
+    topic, dlq = new_topic(1), new_topic(1, prefix="dlq")
+    produce(kafka_bootstrap, topic, [order_value(n) for n in range(3)])
+    registry_down = [True]
+
+    def deserializer(raw: bytes) -> Any:  # AvroDeserializer with the registry unreachable
+        if registry_down[0]:
+            raise ConnectionError("Schema Registry: connection refused")
+        return json.loads(raw)
+
+    rules = PlainRecords(deserializer=deserializer, id_rule=order_id, lifetime=Lifetime(ttl_s=600))
+    seen: Counter[int] = Counter()
+    consumer = make([topic], counting(seen), plain_records=rules, dead_letter_topic=dlq)
+    deadline = time.monotonic() + 30
+    while consumer.stats().store_outages < 2 and time.monotonic() < deadline:
+        consumer.poll_once()  # the registry is down for these polls
+    assert consumer.stats().store_outages >= 2
+    assert seen == Counter()
+    registry_down[0] = False
+    drain([consumer], lambda: len(seen) >= 3)
+    assert seen == Counter(range(3))
+    assert consumer.stats().dead_lettered == 0
+    assert read_all(kafka_bootstrap, dlq, 1, timeout_s=3) == []

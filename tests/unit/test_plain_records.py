@@ -20,6 +20,8 @@ from eoguard import (
     PlainRecords,
     RedisConfig,
     SchemaRegistry,
+    StoreUnavailableError,
+    UnavailableError,
     message_id_for,
 )
 from eoguard.codec import EnvelopeCodec, EnvelopeHeads, read_plain
@@ -194,3 +196,47 @@ def test_an_envelope_is_told_from_a_plain_record_by_its_first_ten_bytes() -> Non
     assert not heads.holds(MAGIC + order.fingerprint + b"\x00" * 20)
     # A truncated envelope keeps its head: read (and refused) as an envelope, never as plain.
     assert heads.holds(codec.encode(envelope(b"x"))[:12])
+
+
+def test_an_expiry_before_the_record_timestamp_is_refused_like_an_envelopes() -> None:
+    """An adversarial read (adv5) found an expiry before the record's timestamp (epoch seconds
+    in a field meant for epoch ms) read with created_at lowered to it, then dropped as expired:
+    every record of such a topic silently lost, counted only in stats().expired. An envelope
+    with it is malformed (§3); a plain record now is too, its reason naming the likely units
+    mistake."""
+    rules = PlainRecords(deserializer=json.loads, id_rule=by_order,
+                         lifetime=Lifetime(field="expires_at"))
+    in_seconds = json.dumps({"order_id": 1, "expires_at": NOW // 1000 + 3600}).encode()
+    with pytest.raises(InvalidRecordError) as caught:
+        read(rules, in_seconds)
+    assert caught.value.rule == "lifetime"
+    assert "before the record's timestamp" in str(caught.value)
+    assert "seconds" in str(caught.value)
+    env, _ = read(rules, json.dumps({"order_id": 1, "expires_at": NOW}).encode())
+    assert env.expires_at_ms == env.created_at_ms == NOW  # equal is allowed, as for envelopes
+
+
+@pytest.mark.parametrize("outage", [
+    ConnectionError("Schema Registry: connection refused"),
+    TimeoutError("Schema Registry: timed out"),
+    StoreUnavailableError("the application's own Redis is down"),
+])
+@pytest.mark.parametrize("where", ["deserializer", "id_rule", "lifetime"])
+def test_an_outage_a_rule_reports_is_unavailable_not_malformed(outage: Exception,
+                                                               where: str) -> None:
+    """An adversarial read (adv5) found a deserializer failing for its service being down
+    (AvroDeserializer with Schema Registry unreachable) made the record malformed, so valid
+    records were dead-lettered for good. An UnavailableError, ConnectionError or TimeoutError
+    is raised as an UnavailableError (the consumer re-reads the record), never as
+    InvalidRecordError."""
+    def down(*_: object) -> Any:
+        raise outage
+    rules = PlainRecords(
+        deserializer=down if where == "deserializer" else json.loads,
+        id_rule=down if where == "id_rule" else by_order,
+        lifetime=Lifetime(rule=down) if where == "lifetime" else Lifetime(ttl_s=600))
+    with pytest.raises(UnavailableError) as caught:
+        read(rules, b'{"order_id": 1}')
+    assert not isinstance(caught.value, InvalidRecordError)
+    assert caught.value.__cause__ is outage
+    assert "orders[2]@7" in str(caught.value)
