@@ -143,8 +143,16 @@ def _transient(client: RedisClient, short: dict[str, int], replicas: int) -> str
             a for a, n in nodes.items() if {"fail", "fail?"} & flags[a]
             and (a in mine or n["node_id"] in was or ("master" in flags[a] and not n["slots"]))
             and now_ms - int(n["last_pong_rcvd"] or 0) < _FAILOVER_WINDOW_MS)
+        # A master back after a failover replaced it rejoins without slots, and becomes a
+        # replica once the cluster tells it (seconds): its old shard is short meanwhile.
+        rejoining = sorted(a for a, n in nodes.items() if "master" in flags[a]
+                           and not n["slots"] and n["node_id"] != me
+                           and not {"fail", "fail?", "handshake", "noaddr"} & flags[a])
         if failing:
             reasons.append(f"{', '.join(failing)} is failing: a failover is under way")
+        elif rejoining and not mine:
+            reasons.append(f"{', '.join(rejoining)} is a master without slots (one a failover "
+                           "replaced, rejoining as a replica)")
         elif len(mine) >= replicas:
             reasons.append(f"its replica {', '.join(sorted(mine))} is not linked yet "
                            "(resyncing)")

@@ -71,3 +71,14 @@ def test_a_failed_node_of_another_shard_explains_nothing() -> None:
     others = {**OTHERS, "127.0.0.1:17005": node(OTHER_REPLICA, "slave,fail", OTHER, [])}
     with pytest.raises(ConfigError, match="add a replica"):
         check_replicas(cluster({**shard, **others}), 1)
+
+
+def test_a_replaced_master_back_without_slots_is_a_failover_not_a_config_error() -> None:
+    """Found by the chaos suite (cluster seed 4: a master killed and restarted, then a consumer
+    started): the promoted replica has no replica yet, and its old master is back, up, a
+    master without slots until the cluster makes it a replica. A consumer starting then
+    crashed with ConfigError; the shortage passes: FailoverUnderWayError, a retry."""
+    shard = {"127.0.0.1:17001": node(OLD, "master", "-", []),
+             "127.0.0.1:17006": node(NEW, "master", "-", [["0", "5460"]])}
+    with pytest.raises(FailoverUnderWayError, match=r"127\.0\.0\.1:17001 is a master without "):
+        check_replicas(cluster({**shard, **OTHERS}), 1)
