@@ -148,8 +148,14 @@ def _transient(client: RedisClient, short: dict[str, int], replicas: int) -> str
         rejoining = sorted(a for a, n in nodes.items() if "master" in flags[a]
                            and not n["slots"] and n["node_id"] != me
                            and not {"fail", "fail?", "handshake", "noaddr"} & flags[a])
+        # A master a failover replaced is a replica now, yet the client's slot map (read from
+        # a node that had not seen the failover) still names it a master: INFO counts none.
+        demoted = [a for a, n in nodes.items() if n["node_id"] == me and "slave" in flags[a]]
         if failing:
             reasons.append(f"{', '.join(failing)} is failing: a failover is under way")
+        elif demoted:
+            reasons.append(f"{demoted[0]} is a replica now: a failover moved its slots and the "
+                           "slot map is behind")
         elif rejoining and not mine:
             reasons.append(f"{', '.join(rejoining)} is a master without slots (one a failover "
                            "replaced, rejoining as a replica)")

@@ -82,3 +82,14 @@ def test_a_replaced_master_back_without_slots_is_a_failover_not_a_config_error()
              "127.0.0.1:17006": node(NEW, "master", "-", [["0", "5460"]])}
     with pytest.raises(FailoverUnderWayError, match=r"127\.0\.0\.1:17001 is a master without "):
         check_replicas(cluster({**shard, **OTHERS}), 1)
+
+
+def test_a_master_a_failover_turned_replica_is_a_failover_not_a_config_error() -> None:
+    """Chaos cluster seed 4 again (a master paused past the node timeout and replaced, then a
+    consumer started): the client's slot map, read from a node that had not seen the failover,
+    named the old master a primary; it is a replica now (INFO: no replicas of its own). A
+    failover under way, not a deployment without replicas."""
+    shard = {"127.0.0.1:17006": node(NEW, "slave", OLD, []),  # 17006 is the one asked: NEW
+             "127.0.0.1:17001": node(OLD, "master", "-", [["0", "5460"]])}
+    with pytest.raises(FailoverUnderWayError, match=r"127\.0\.0\.1:17006 is a replica now"):
+        check_replicas(cluster({**shard, **OTHERS}), 1)
