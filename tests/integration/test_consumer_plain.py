@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -262,13 +263,10 @@ def order_only(number: int) -> bytes:
 HOSTILE = b'{"\\udcff": 1}'
 
 
-def test_a_record_whose_reason_holds_a_lone_surrogate_is_dead_lettered(
-        make, new_topic, kafka_bootstrap) -> None:
-    """An adversarial read (adv5) found DeadLetterRouter.route encoding the reason with
-    ``str.encode()``: a lone surrogate quoted from a hostile record raised UnicodeEncodeError
-    out of poll_once, so one record stopped its partition. The reason is now sent escaped
-    (backslashreplace) and the records around it are handled."""
-    topic, dlq = new_topic(1), new_topic(1, prefix="dlq")
+def hostile_between_two(kafka_bootstrap: str, topic: str
+                        ) -> tuple[Counter[int], Callable[[HandlerContext], None], PlainRecords]:
+    """Orders 0 and 1 with HOSTILE between them on ``topic``; the orders seen, a handler
+    counting them, and the plain-record rules that read them."""
     produce(kafka_bootstrap, topic, [order_only(0), HOSTILE, order_only(1)])
     seen: Counter[int] = Counter()
 
@@ -277,6 +275,17 @@ def test_a_record_whose_reason_holds_a_lone_surrogate_is_dead_lettered(
 
     rules = PlainRecords(deserializer=order_object, id_rule=order_object_id,
                          lifetime=Lifetime(ttl_s=600))
+    return seen, handle, rules
+
+
+def test_a_record_whose_reason_holds_a_lone_surrogate_is_dead_lettered(
+        make, new_topic, kafka_bootstrap) -> None:
+    """An adversarial read (adv5) found DeadLetterRouter.route encoding the reason with
+    ``str.encode()``: a lone surrogate quoted from a hostile record raised UnicodeEncodeError
+    out of poll_once, so one record stopped its partition. The reason is now sent escaped
+    (backslashreplace) and the records around it are handled."""
+    topic, dlq = new_topic(1), new_topic(1, prefix="dlq")
+    seen, handle, rules = hostile_between_two(kafka_bootstrap, topic)
     consumer = make([topic], handle, plain_records=rules, dead_letter_topic=dlq)
     drain([consumer], lambda: consumer.stats().polled >= 3 and len(seen) >= 2)
     assert seen == Counter({0: 1, 1: 1})
@@ -294,14 +303,7 @@ def test_the_records_read_with_a_hostile_one_are_not_lost(make, new_topic,
     lost the good records of that batch once later batches committed past them. Nothing
     escapes now, and every record is handled once."""
     topic = new_topic(1)
-    produce(kafka_bootstrap, topic, [order_only(0), HOSTILE, order_only(1)])
-    seen: Counter[int] = Counter()
-
-    def handle(ctx: HandlerContext) -> None:
-        seen[ctx.payload.order] += 1
-
-    rules = PlainRecords(deserializer=order_object, id_rule=order_object_id,
-                         lifetime=Lifetime(ttl_s=600))
+    seen, handle, rules = hostile_between_two(kafka_bootstrap, topic)
     consumer = make([topic], handle, plain_records=rules)
     errors: list[BaseException] = []
 
