@@ -14,10 +14,17 @@ Pre-produces ~200-byte envelopes once, then reads them all four ways, each in a 
   (c)  the per-message dedup of common idempotency utilities: loop (a) plus one Redis
        ``SET NX PX`` round trip per message, over the first ``--set-nx-messages`` records.
 
+and a second topic of ~200-byte JSON orders no eoguard producer wrote, two ways:
+
+  (p)  the baseline: the plain loop decoding each value with ``json.loads``;
+  (q)  GuardedConsumer with ``plain_records`` (``json.loads``, the id from the order number by
+       ``id_from_field``, a lifetime of the record's timestamp plus an hour), no-op handler.
+
 Then latency at a trickle: ``--rate`` messages per second for ``--latency-s`` seconds, send ->
 handler, for a plain ``poll()`` loop and for GuardedConsumer, with the same
 ``fetch.wait.max.ms``.
 
+(q)/(p) beside (b)/(a) is what a consumer-first adoption costs against the envelope path.
 Targets: (b)/(a) >= 0.55 (median) and (b)/(c) >= 25; at 50 msg/s eoguard's p50 within 20 ms
 and its p99 within 50 ms of the plain consumer's. Timing starts at the first record received,
 so group joins are not counted, and (b) stops when every message is handled (done,
@@ -51,6 +58,7 @@ from confluent_kafka import Consumer, Producer
 
 from bench import table
 from eoguard.codec import EnvelopeCodec, PayloadCodec
+from eoguard.codec.plain import Lifetime, PlainRecords, id_from_field
 from eoguard.codec.schemas import default_schema_dir
 from eoguard.config import ConsumerConfig, RedisConfig
 from eoguard.consumer.guarded import GuardedConsumer
@@ -61,6 +69,15 @@ from eoguard.store.keys import KeySpace
 CODEC = EnvelopeCodec()
 PAYLOADS = PayloadCodec()
 ENVELOPE = fastavro.parse_schema(json.loads((default_schema_dir() / "envelope.avsc").read_text()))
+ORDERS = PlainRecords(deserializer=json.loads, id_rule=id_from_field("bench-orders", "order"),
+                      lifetime=Lifetime(ttl_s=3600))
+
+
+def order_json(n: int) -> bytes:
+    """A ~200-byte JSON order: what a producer nobody changed writes to a plain topic."""
+    return json.dumps({"order": n, "customer": f"customer-{n % 977}", "total_cents": n % 99_991,
+                       "currency": "EUR", "items": [{"sku": f"sku-{n % 31}", "qty": 1 + n % 3}],
+                       "note": "x" * 48}).encode()
 
 
 def plain_decode(value: bytes) -> dict[str, Any] | None:
@@ -115,12 +132,13 @@ def plain_loop(bootstrap: str, topic: str, total: int, batch: int,
         consumer.close()
 
 
-def guarded_loop(bootstrap: str, redis_url: str, topic: str, total: int, batch: int) -> float:
+def guarded_loop(bootstrap: str, redis_url: str, topic: str, total: int, batch: int,
+                 plain_records: PlainRecords | None = None) -> float:
     keyspace = KeySpace(prefix=f"bench{uuid.uuid4().hex[:6]}")
     config = ConsumerConfig(
         kafka={"bootstrap.servers": bootstrap, "group.id": f"b-{uuid.uuid4().hex[:8]}"},
         redis=RedisConfig(url=redis_url), scope=f"bench-{uuid.uuid4().hex[:6]}", topics=(topic,),
-        batch_size=batch, keyspace=keyspace, ack_outbox=False)
+        batch_size=batch, keyspace=keyspace, ack_outbox=False, plain_records=plain_records)
     consumer = GuardedConsumer(config, handler=lambda ctx: None)
     info = redis.Redis.from_url(redis_url)
     started, cpu, process, server = 0.0, 0.0, 0.0, 0.0
@@ -134,7 +152,7 @@ def guarded_loop(bootstrap: str, redis_url: str, topic: str, total: int, batch: 
         stats = consumer.stats()
         assert stats.handled == total, stats
         us = 1e6 / total
-        print(f"    (b) handled={stats.handled} redis round trips={stats.claim_round_trips} "
+        print(f"    handled={stats.handled} redis round trips={stats.claim_round_trips} "
               f"commits={stats.commits}; waited on Redis {stats.redis_wait_s:.2f} s; "
               f"cpu per message: main thread {cpu * us:.1f} us, "
               f"this process {process * us:.1f} us, Redis {server * us:.1f} us")
@@ -279,6 +297,9 @@ def main() -> None:
     print(f"producing {total} envelopes of {len(CODEC.encode(sample))} bytes to {topic} ...")
     produce(ends.kafka_bootstrap, topic, (envelope(b"p" * 122, ttl_ms=3_600_000)
                                           for _ in range(total)))
+    plain_topic = make_topic(ends.kafka_bootstrap, args.partitions)
+    print(f"producing {total} JSON orders of {len(order_json(total))} bytes to {plain_topic} ...")
+    produce(ends.kafka_bootstrap, plain_topic, (order_json(n) for n in range(total)))
 
     client = redis.Redis.from_url(ends.redis_url)
     set_nx_total = min(total, args.set_nx_messages)
@@ -305,6 +326,11 @@ def main() -> None:
         "(b)": ("GuardedConsumer, no-op handler", lambda: guarded_loop(
             ends.kafka_bootstrap, ends.redis_url, topic, total, args.batch)),
         "(c)": ("(a) + SET NX per message", set_nx_loop),
+        "(p)": ("plain consumer + json.loads, plain topic", lambda: plain_loop(
+            ends.kafka_bootstrap, plain_topic, total, args.batch, decode=json.loads)),
+        "(q)": ("GuardedConsumer plain_records, no-op", lambda: guarded_loop(
+            ends.kafka_bootstrap, ends.redis_url, plain_topic, total, args.batch,
+            plain_records=ORDERS)),
     }
     counts = {key: set_nx_total if key == "(c)" else total for key in runs}
     rates: dict[str, list[float]] = {key: [] for key in runs}
@@ -321,9 +347,11 @@ def main() -> None:
     for key, (name, _) in runs.items():
         print(f"  {key:5s}{name:40s} min {min(rates[key]):>9,.0f}   "
               f"median {statistics.median(rates[key]):>9,.0f}")
+    baselines = {"(a)": None, "(p)": None, "(q)": "(p)"}
     for key, (name, _) in runs.items():
+        base = baselines.get(key, "(a)")
         table.add(table.Row(suite="consumer", path=f"{key} {name}", rates=rates[key],
-                            baseline=None if key == "(a)" else "(a) " + runs["(a)"][0],
+                            baseline=None if base is None else f"{base} {runs[base][0]}",
                             note=f"{counts[key]} msgs, batch {args.batch}"))
     med = {key: statistics.median(values) for key, values in rates.items()}
     low = {key: min(values) for key, values in rates.items()}
@@ -333,6 +361,8 @@ def main() -> None:
     print(f"(b)/(a') median {med['(b)'] / med[old]:.2f}  min {low['(b)'] / low[old]:.2f}")
     print(f"(b)/(c)  median {med['(b)'] / med['(c)']:.1f}  min {low['(b)'] / low['(c)']:.1f}"
           f"   (target >= 25)")
+    print(f"(q)/(p)  median {med['(q)'] / med['(p)']:.2f}  min {low['(q)'] / low['(p)']:.2f}"
+          f"   (plain topic: GuardedConsumer against its json.loads loop)")
 
     if args.latency_s > 0:
         print(f"\nlatency at {args.rate:g} msg/s for {args.latency_s:g} s, fetch.wait.max.ms "
