@@ -71,6 +71,7 @@ def order_value(number: int) -> bytes:
                        "total_cents": 100 * number}).encode()
 
 
+@pytest.mark.cluster
 def test_a_plain_producer_with_copies_and_a_restart_is_handled_once_per_scope(
         make, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
     topic = new_topic(4)
@@ -112,6 +113,7 @@ def test_a_plain_producer_with_copies_and_a_restart_is_handled_once_per_scope(
         assert stats.dead_lettered == 0
 
 
+@pytest.mark.cluster
 def test_envelopes_and_plain_records_of_one_order_are_one_message(
         make, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
     topic = new_topic(2)
@@ -210,6 +212,7 @@ def test_without_plain_records_a_plain_record_is_malformed(make, new_topic,
     assert headers_of(letter)["eoguard.error.type"] == "BadMagicError"
 
 
+@pytest.mark.cluster
 def test_a_topic_half_moved_to_a_guarded_producer_handles_each_order_once(
         make, new_topic, kafka_bootstrap, redis_url, redis_client, key_prefix) -> None:
     """Migration, step 2: a GuardedProducer takes over orders 0-59 (same business-key ids)
