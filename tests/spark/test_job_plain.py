@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -14,6 +16,7 @@ from eoguard import Lifetime, PlainRecords
 from eoguard.codec.plain import id_from_field
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext
+from eoguard.consumer.state import ConsumerStats
 from eoguard.envelope import message_id_for
 from eoguard.stack.feed import envelope, produce
 from eoguard_spark import PlainOptions
@@ -28,6 +31,42 @@ def order_value(number: int) -> bytes:
 
 def order_id(number: int) -> str:
     return message_id_for("orders", str(number))
+
+
+def job_output(spark: Any, options: Any, stats: list[Any]) -> tuple[Counter[str], list[Any]]:
+    """The ids the job wrote (counted) and its dead-letter rows; prints their counts."""
+    out = Counter(r["id"] for r in spark.read.parquet(options.output_path).collect())
+    dead = spark.read.parquet(options.dead_letter_path).collect()
+    statuses: Counter[str] = Counter()
+    for batch in stats:
+        statuses.update(batch.rows)
+    print(f"output rows={sum(out.values())} distinct={len(out)} dead={len(dead)} "
+          f"statuses={dict(statuses)}")
+    return out, dead
+
+
+def consumer_of_the_scope(kafka_bootstrap: str, redis_url: str, key_prefix: str,
+                          new_topic: Callable[..., str], values: list[bytes],
+                          rules: PlainRecords, *, handles: int) -> tuple[list[int], ConsumerStats]:
+    """A GuardedConsumer of the job's scope ("app") with ``rules`` over a new topic of
+    ``values``: the orders it handled (until ``handles`` and every value polled), its stats."""
+    other = new_topic(1)
+    produce(kafka_bootstrap, other, values)
+    handled: list[int] = []
+
+    def handler(ctx: HandlerContext) -> None:
+        handled.append(ctx.payload["order"])
+
+    config = consumer_config(kafka_bootstrap, redis_url, [other], prefix=key_prefix,
+                             scope="app", dead_letter_topic=new_topic(1, prefix="dlq"),
+                             plain_records=rules)
+    with GuardedConsumer(config, handler=handler) as consumer:
+        drain([consumer], lambda: consumer.stats().polled >= len(values)
+              and len(handled) >= handles)
+        seen = consumer.stats()
+    print(f"consumer handled={len(handled)} duplicates={seen.duplicates} "
+          f"dead_lettered={seen.dead_lettered}")
+    return handled, seen
 
 
 def test_plain_and_mixed_topic_once_per_order_with_a_consumer_in_the_scope(
@@ -45,13 +84,7 @@ def test_plain_and_mixed_topic_once_per_order_with_a_consumer_in_the_scope(
 
     stats = run_job(options)
 
-    out = Counter(r["id"] for r in spark.read.parquet(options.output_path).collect())
-    dead = spark.read.parquet(options.dead_letter_path).collect()
-    statuses: Counter[str] = Counter()
-    for batch in stats:
-        statuses.update(batch.rows)
-    print(f"output rows={sum(out.values())} distinct={len(out)} dead={len(dead)} "
-          f"statuses={dict(statuses)}")
+    out, dead = job_output(spark, options, stats)
     assert out == Counter(order_id(n) for n in range(50))
     assert sorted(r["reason"] for r in dead) == [
         "plain record: id field 'order' is missing or null",
@@ -60,24 +93,13 @@ def test_plain_and_mixed_topic_once_per_order_with_a_consumer_in_the_scope(
 
     # A GuardedConsumer of the scope, keyed by the same rule: copies of what the job wrote
     # are duplicates; only the new orders are handled.
-    other = new_topic(1)
-    produce(kafka_bootstrap, other, [order_value(n) for n in [*range(20), *range(50, 60)]])
-    handled: list[int] = []
-
-    def handler(ctx: HandlerContext) -> None:
-        handled.append(ctx.payload["order"])
-
     rules = PlainRecords(deserializer=json.loads, id_rule=id_from_field("orders", "order"),
                          lifetime=Lifetime(ttl_s=600))
-    config = consumer_config(kafka_bootstrap, redis_url, [other], prefix=key_prefix,
-                             scope="app", dead_letter_topic=new_topic(1, prefix="dlq"),
-                             plain_records=rules)
-    with GuardedConsumer(config, handler=handler) as consumer:
-        drain([consumer], lambda: consumer.stats().polled >= 30 and len(handled) >= 10)
-        duplicates = consumer.stats().duplicates
-    print(f"consumer handled={len(handled)} duplicates={duplicates}")
+    handled, seen = consumer_of_the_scope(
+        kafka_bootstrap, redis_url, key_prefix, new_topic,
+        [order_value(n) for n in [*range(20), *range(50, 60)]], rules, handles=10)
     assert Counter(handled) == Counter(range(50, 60))
-    assert duplicates == 20
+    assert seen.duplicates == 20
 
 
 def test_raw_records_keyed_by_a_header_come_out_once(

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from eoguard.codec import InputLimits
 from eoguard.errors import ConfigError
-from eoguard_spark import DedupMode, JobOptions, PlainFormat, PlainOptions
+from eoguard_spark import AvroFraming, DedupMode, JobOptions, PlainFormat, PlainOptions
 from eoguard_spark.__main__ import options_from, parser
 
 
@@ -94,7 +96,7 @@ def test_plain_options_are_checked_at_construction() -> None:
 
     assert plain().format is PlainFormat.JSON
     cases: list[tuple[dict[str, Any], str]] = [
-        ({"format": "avro"}, "not one of"),
+        ({"format": "avro-json"}, "not one of"),
         ({"id_namespace": ""}, "id_namespace"),
         ({"ttl_s": 0}, "positive"),
         ({"ttl_s": True}, "positive"),
@@ -129,3 +131,74 @@ def test_the_command_line_builds_plain_options() -> None:
                                                     ttl_s=60.0, id_field="order")
     with pytest.raises(ConfigError, match="--plain-ttl-s"):
         options_from(parser().parse_args([*base, "--plain-format", "raw"]))
+
+
+ORDER = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
+    {"name": "order", "type": "long"}, {"name": "ref", "type": ["null", "string"]},
+    {"name": "total_cents", "type": "double"},
+    {"name": "tx", "type": {"type": "string", "logicalType": "uuid"}},
+    {"name": "java", "type": {"type": "string", "avro.java.string": "String"}},
+    {"name": "both", "type": ["null", "string", "long"]}]}
+
+
+def test_avro_plain_options_are_checked_at_construction() -> None:
+    def plain(**overrides: Any) -> PlainOptions:
+        values: dict[str, Any] = {"format": "avro", "id_namespace": "orders", "ttl_s": 600,
+                                  "id_field": "order", "avro_schema": json.dumps(ORDER),
+                                  "avro_framing": "registry"}
+        values.update(overrides)
+        return PlainOptions(**values)
+
+    assert plain().avro_framing is AvroFraming.REGISTRY
+    assert plain(avro_framing="none", id_field="ref").avro_framing is AvroFraming.NONE
+    assert plain(id_field="java").id_field == "java"  # a type object without a logical type
+    assert plain(id_field=None, id_header="order-id").id_header == "order-id"
+    nameless = {**ORDER, "name": None}
+    fields_of = {**ORDER, "fields": [*ORDER["fields"], {"name": "_eoguard_decoded",
+                                                         "type": "int"}]}
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"avro_schema": None}, "needs avro_schema"),
+        ({"avro_framing": None}, "needs avro_framing"),
+        ({"avro_framing": "confluent"}, "avro_framing 'confluent' is not one of"),
+        ({"avro_schema": ""}, "must be the JSON of an Avro schema"),
+        ({"avro_schema": "{not json"}, "not a valid Avro schema: JSONDecodeError"),
+        ({"avro_schema": json.dumps(nameless)}, "not a valid Avro schema"),
+        ({"avro_schema": json.dumps({**ORDER, "fields": [{"name": "x", "type": "nope"}]})},
+         "not a valid Avro schema: UnknownType"),
+        ({"avro_schema": '"string"'}, "must be an Avro record schema"),
+        ({"avro_schema": json.dumps(fields_of)}, "has a field '_eoguard_decoded'"),
+        ({"id_field": "missing"}, "'missing' is not a top-level field of avro_schema"),
+        ({"id_field": "total_cents"}, "is \"double\": a key is a string, int or long"),
+        ({"id_field": "both"}, "a key is a string, int or long"),
+        ({"id_field": "tx"}, "has logicalType 'uuid'"),
+        ({"format": "json"}, "avro_schema and avro_framing are for format avro"),
+        ({"format": "json", "avro_schema": None}, "avro_schema and avro_framing are for"),
+        ({"format": "raw", "id_field": None, "id_header": "h"}, "for format avro"),
+        ({"format": "raw"}, "give id_header"),
+        ({"json_schema": "order bigint"}, "for format json"),
+    ]
+    for overrides, words in cases:
+        with pytest.raises(ConfigError, match=words):
+            plain(**overrides)
+
+
+def test_the_command_line_builds_avro_plain_options(tmp_path: Path) -> None:
+    base = ["--bootstrap", "k:9092", "--topic", "t", "--scope", "app", "--checkpoint", "/tmp/c",
+            "--output", "/tmp/o", "--plain-format", "avro", "--plain-id-namespace", "orders",
+            "--plain-id-field", "order", "--plain-ttl-s", "60"]
+    avsc = tmp_path / "order.avsc"
+    avsc.write_text(json.dumps(ORDER))
+    want = PlainOptions(format=PlainFormat.AVRO, id_namespace="orders", ttl_s=60.0,
+                        id_field="order", avro_schema=json.dumps(ORDER),
+                        avro_framing=AvroFraming.REGISTRY)
+    for schema in (json.dumps(ORDER), f"@{avsc}"):
+        args = parser().parse_args([*base, "--plain-avro-schema", schema,
+                                    "--plain-avro-framing", "registry"])
+        assert options_from(args).plain == want
+    with pytest.raises(ConfigError, match="needs avro_framing"):
+        options_from(parser().parse_args([*base, "--plain-avro-schema", f"@{avsc}"]))
+    with pytest.raises(ConfigError, match="--plain-avro-schema '@/nonexistent"):
+        options_from(parser().parse_args([*base, "--plain-avro-schema", "@/nonexistent.avsc",
+                                          "--plain-avro-framing", "none"]))
+    with pytest.raises(SystemExit):  # argparse: not one of the choices
+        parser().parse_args([*base, "--plain-avro-framing", "confluent"])

@@ -3,14 +3,25 @@ ids of tests/plain_vectors.py, which the Spark job's Columns must give too."""
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Any
 
 import pytest
+from fastavro import parse_schema, schemaless_reader
 
 from eoguard import InputLimits, InvalidRecordError, Lifetime, PlainRecords
 from eoguard.codec.plain import business_key, id_from_field, id_from_header, read_plain
-from tests.plain_vectors import HEADER_KEYS, INT_KEYS, NAMESPACE, TEXT_KEYS
+from tests.plain_vectors import (
+    AVRO_BODIES,
+    AVRO_CONSUMER_ONLY,
+    AVRO_REFUSED,
+    HEADER_KEYS,
+    INT_KEYS,
+    NAMESPACE,
+    TEXT_KEYS,
+    avro_order_schema,
+)
 
 NOW = 1_800_000_000_000
 
@@ -48,3 +59,23 @@ def test_a_number_and_its_digits_are_one_key_and_other_values_are_no_key() -> No
         read(by_field("order_id"), b'{"order_id": 4.0}')
     with pytest.raises(InvalidRecordError, match="id rule raised KeyError"):
         read(by_field("order_id"), b'{"order": 4}')
+
+
+def avro_reader(id_type: str) -> PlainRecords:
+    """A consumer's rules for Avro bodies of the vectors' schema: fastavro, no framing."""
+    schema = parse_schema(avro_order_schema(id_type))
+    return PlainRecords(deserializer=lambda raw: schemaless_reader(io.BytesIO(raw), schema),
+                        id_rule=id_from_field(NAMESPACE, "order_id"), lifetime=Lifetime(ttl_s=60))
+
+
+@pytest.mark.parametrize(("case", "want"), [*AVRO_BODIES.items(), *AVRO_CONSUMER_ONLY.items()])
+def test_an_id_from_an_avro_field_is_the_vectors(case: tuple[str, str], want: str) -> None:
+    id_type, body = case
+    assert read(avro_reader(id_type), bytes.fromhex(body)) == want
+
+
+@pytest.mark.parametrize("case", list(AVRO_REFUSED))
+def test_the_avro_bodies_the_job_refuses_the_consumer_refuses(case: tuple[str, str]) -> None:
+    id_type, body = case
+    with pytest.raises(InvalidRecordError):
+        read(avro_reader(id_type), bytes.fromhex(body))

@@ -14,7 +14,8 @@ from eoguard_spark.job import (
     local_session,
     run,
 )
-from eoguard_spark.options import DedupMode, JobOptions, PlainFormat, PlainOptions
+from eoguard_spark.options import AvroFraming, DedupMode, JobOptions, PlainFormat, PlainOptions
 
-__all__ = ["BatchProcessor", "BatchStats", "DedupMode", "JobOptions", "MicroBatchRunner",
-           "PlainFormat", "PlainOptions", "build_query", "local_session", "run", "wait_for_acks"]
+__all__ = ["AvroFraming", "BatchProcessor", "BatchStats", "DedupMode", "JobOptions",
+           "MicroBatchRunner", "PlainFormat", "PlainOptions", "build_query", "local_session", "run",
+           "wait_for_acks"]

@@ -15,11 +15,12 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
+from pathlib import Path
 
 from eoguard.codec import InputLimits
 from eoguard.errors import ConfigError, SecurityError
 from eoguard.store.keys import DEFAULT_MAX_TTL_MS, DEFAULT_PREFIX, DEFAULT_SHARDS
-from eoguard_spark.options import DedupMode, JobOptions, PlainFormat, PlainOptions
+from eoguard_spark.options import AvroFraming, DedupMode, JobOptions, PlainFormat, PlainOptions
 
 
 def parser() -> argparse.ArgumentParser:
@@ -91,13 +92,29 @@ def parser() -> argparse.ArgumentParser:
              "(docs/design.md §6); needs --plain-id-namespace, --plain-ttl-s and one of "
              "--plain-id-field or --plain-id-header")
     add("--plain-id-namespace", help="namespace of message_id_for(namespace, key)")
-    add("--plain-id-field", help="top-level JSON field holding the business key")
+    add("--plain-id-field", help="top-level JSON or Avro field holding the business key")
     add("--plain-id-header", help="header whose (last) value is the business key")
     add("--plain-ttl-s", type=float, help="a plain record expires at its timestamp plus this")
     add("--plain-json-schema", help="Spark DDL schema a plain JSON value must match")
+    add("--plain-avro-schema", metavar="JSON|@FILE",
+        help="the reader schema of plain Avro values: its JSON, or @ and an .avsc file")
+    add("--plain-avro-framing", choices=[f.value for f in AvroFraming],
+        help="registry: a magic byte 0 and a 4-byte schema id before the body (Confluent's "
+             "AvroSerializer; the id is not looked up); none: the Avro body alone")
     add("--master", default="local[2]", help="Spark master when not under spark-submit")
     add("--shuffle-partitions", type=int, default=4, help="spark.sql.shuffle.partitions")
     return p
+
+
+def _text_or_file(value: str | None, option: str) -> str | None:
+    """``value``, or with a leading ``@`` the text of the file it names (a schema's JSON never
+    starts with ``@``)."""
+    if value is None or not value.startswith("@"):
+        return value
+    try:
+        return Path(value[1:]).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{option} {value!r}: {exc}") from exc
 
 
 def options_from(args: argparse.Namespace) -> JobOptions:
@@ -114,7 +131,10 @@ def options_from(args: argparse.Namespace) -> JobOptions:
         plain = PlainOptions(format=PlainFormat(args.plain_format),
                              id_namespace=args.plain_id_namespace, ttl_s=args.plain_ttl_s,
                              json_schema=args.plain_json_schema, id_field=args.plain_id_field,
-                             id_header=args.plain_id_header)
+                             id_header=args.plain_id_header,
+                             avro_schema=_text_or_file(args.plain_avro_schema,
+                                                       "--plain-avro-schema"),
+                             avro_framing=args.plain_avro_framing)
     return JobOptions(
         bootstrap=args.bootstrap, topics=tuple(args.topics), scope=args.scope,
         checkpoint=args.checkpoint, output_path=args.output_path,

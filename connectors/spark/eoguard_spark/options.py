@@ -19,8 +19,9 @@ from eoguard.store.keys import (
     KeySpace,
     check_scope,
 )
+from eoguard_spark.avro_schema import avro_id_type, avro_record_schema
 
-__all__ = ["DedupMode", "JobOptions", "PlainFormat", "PlainOptions"]
+__all__ = ["AvroFraming", "DedupMode", "JobOptions", "PlainFormat", "PlainOptions"]
 
 
 class DedupMode(str, enum.Enum):
@@ -42,6 +43,20 @@ class PlainFormat(str, enum.Enum):
     string, total_cents bigint``) a value of other types is malformed."""
     RAW = "raw"
     """Bytes the job does not read: the id must come from a header."""
+    AVRO = "avro"
+    """Avro binary read with the reader schema ``avro_schema`` (the JSON of a record schema),
+    laid out as ``avro_framing`` says; a value that is not a record of it is malformed."""
+
+
+class AvroFraming(str, enum.Enum):
+    """How a plain Avro value's bytes are laid out around the Avro body."""
+
+    REGISTRY = "registry"
+    """Schema Registry framing, what Confluent's ``AvroSerializer`` writes: a magic byte 0, a
+    4-byte schema id, then the body. The job checks the magic byte and skips the id: it does
+    not look the id up, the body is read with ``avro_schema``."""
+    NONE = "none"
+    """The Avro body alone (fastavro's ``schemaless_writer``, Avro's ``BinaryEncoder``)."""
 
 
 _FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -53,9 +68,11 @@ class PlainOptions:
     """The rules for records that are not envelopes (docs/design.md §6, "Plain topics").
 
     The id is ``message_id_for(id_namespace, key)``, the key from exactly one of ``id_field``
-    (a top-level field of the JSON value: text, or an integer as its decimal digits) or
-    ``id_header`` (the bytes of the header's last value); the expiry is the record's Kafka
-    timestamp plus ``ttl_s``.
+    (a top-level field of the JSON or Avro value: text, or an integer as its decimal digits)
+    or ``id_header`` (the bytes of the header's last value); the expiry is the record's Kafka
+    timestamp plus ``ttl_s``. Format ``avro`` needs ``avro_schema`` (the reader schema's
+    JSON, a record) and ``avro_framing``; it is checked here with fastavro, and the id field
+    must be a string, int or long of it.
     A GuardedConsumer with ``PlainRecords(id_rule=id_from_field(ns, field) | id_from_header(ns,
     header), lifetime=Lifetime(ttl_s=...))`` keys the same record the same way.
     """
@@ -66,6 +83,8 @@ class PlainOptions:
     json_schema: str | None = None
     id_field: str | None = None
     id_header: str | None = None
+    avro_schema: str | None = None
+    avro_framing: AvroFraming | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -85,13 +104,33 @@ class PlainOptions:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise ConfigError(f"plain {name} must be a non-empty string, got {value!r}")
-        if self.id_field is not None and self.format is not PlainFormat.JSON:
+        if self.id_field is not None and self.format is PlainFormat.RAW:
             raise ConfigError("plain format raw has no fields: give id_header")
         if self.id_field is not None and not _FIELD.fullmatch(self.id_field):
             raise ConfigError(f"plain id_field {self.id_field!r}: a top-level field name of "
                               f"letters, digits and '_'")
         if self.json_schema is not None and self.format is not PlainFormat.JSON:
             raise ConfigError("plain json_schema is for format json")
+        self._check_avro()
+
+    def _check_avro(self) -> None:
+        if self.format is not PlainFormat.AVRO:
+            if self.avro_schema is not None or self.avro_framing is not None:
+                raise ConfigError("plain avro_schema and avro_framing are for format avro")
+            return
+        if self.avro_schema is None:
+            raise ConfigError("plain format avro needs avro_schema (the reader schema's JSON)")
+        if self.avro_framing is None:  # no default: a wrong guess reads bytes as other fields
+            raise ConfigError("plain format avro needs avro_framing: 'registry' (Schema "
+                              "Registry's magic byte and schema id first) or 'none'")
+        try:
+            object.__setattr__(self, "avro_framing", AvroFraming(self.avro_framing))
+        except ValueError:
+            raise ConfigError(f"plain avro_framing {self.avro_framing!r} is not one of "
+                              f"{[f.value for f in AvroFraming]}") from None
+        schema = avro_record_schema(self.avro_schema)
+        if self.id_field is not None:
+            avro_id_type(schema, self.id_field)
 
     def check(self, *, max_ttl_ms: int, payload_schema: str | None) -> None:
         """What the rules must agree on with the rest of the job's options."""

@@ -5,10 +5,12 @@ the same way: a record is an envelope iff :class:`eoguard.codec.plain.EnvelopeHe
 first 10 bytes; every other record is plain and keyed by the application's rules. Per plain row:
 
   Step 1. Size: a value over ``payload_bytes`` is malformed.
-  Step 2. The value: JSON read with ``json_schema`` (invalid UTF-8 or JSON is malformed), or raw.
-  Step 3. The id: ``message_id_for(id_namespace, key)`` as Columns, the key from a JSON field
-          (text, or an integer as its decimal digits: :func:`eoguard.codec.plain.business_key`)
-          or a header's bytes (its last value); a missing or null key is malformed.
+  Step 2. The value: JSON read with ``json_schema`` (invalid UTF-8 or JSON is malformed), Avro
+          read with ``avro_schema`` (:mod:`eoguard_spark.plain_avro`), or raw.
+  Step 3. The id: ``message_id_for(id_namespace, key)`` as Columns, the key from a JSON or
+          Avro field (text, or an integer as its decimal digits:
+          :func:`eoguard.codec.plain.business_key`) or a header's bytes (its last value); a
+          missing or null key is malformed.
   Step 4. The lifetime: the Kafka timestamp plus ``ttl_s``; beyond now + ``max_ttl`` is
           malformed, passed at the micro-batch's timestamp is expired.
 
@@ -28,6 +30,7 @@ from eoguard.envelope import namespace_uuid
 from eoguard.store.keys import DEFAULT_MAX_TTL_MS
 from eoguard_spark.decode import RowStatus, decode
 from eoguard_spark.options import PlainFormat, PlainOptions
+from eoguard_spark.plain_avro import avro_field_key, with_avro_value
 from eoguard_spark.rules import Rule, first_broken
 
 __all__ = ["decode_topic", "is_envelope", "message_id_column"]
@@ -106,7 +109,12 @@ def decode_plain(raw: DataFrame, plain: PlainOptions, *, max_ttl_ms: int,
             invalid = invalid | parsed.getField(_CORRUPT).isNotNull()
         rules.append((invalid, F.lit("plain record: the value is not valid JSON"
                                      + (" of json_schema" if plain.json_schema else ""))))
-    if plain.id_field is not None:  # Step 3.
+    elif plain.format is PlainFormat.AVRO:
+        rows, avro_rules = with_avro_value(rows, plain)
+        rules.extend(avro_rules)
+    if plain.id_field is not None and plain.format is PlainFormat.AVRO:  # Step 3.
+        key, key_rules = avro_field_key(plain)
+    elif plain.id_field is not None:
         key, key_rules = _field_key(text, plain.id_field)
     else:
         assert plain.id_header is not None
