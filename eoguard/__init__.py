@@ -16,6 +16,7 @@ from eoguard.config import ConsumerConfig, ProducerConfig, RedisConfig
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext, RedisTx
 from eoguard.consumer.state import ConsumerStats
+from eoguard.consumer.trace import TraceRecord
 from eoguard.envelope import (
     Envelope,
     canonical_id,
@@ -126,6 +127,7 @@ __all__ = [
     "StoreOutOfMemoryError",
     "StoreSecurityError",
     "StoreUnavailableError",
+    "TraceRecord",
     "UnavailableError",
     "UnknownFingerprintError",
     "canonical_id",

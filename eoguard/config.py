@@ -286,7 +286,8 @@ class ConsumerConfig:
     The dead-letter topic defaults to ``<scope>.dead-letter``. With ``plain_records``
     (:class:`~eoguard.codec.plain.PlainRecords`) records that are not envelopes are handled
     too, their id and expiry given by its rules (docs/design.md §6, "Plain topics"); without
-    it they are malformed.
+    it they are malformed. ``trace_messages`` > 0 keeps the stage stamps of that many messages
+    last committed (:meth:`eoguard.GuardedConsumer.trace`); 0, the default, traces nothing.
     """
 
     kafka: Mapping[str, Any] = field(repr=False)
@@ -308,6 +309,7 @@ class ConsumerConfig:
     input_limits: InputLimits = field(default_factory=InputLimits)
     instance_id: str | None = None
     plain_records: PlainRecords | None = None
+    trace_messages: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.kafka, Mapping) or not self.kafka.get("bootstrap.servers"):
@@ -324,9 +326,10 @@ class ConsumerConfig:
         for name in ("batch_size", "poll_timeout_s", "lease_s", "grace_s", "retry_backoff_s",
                      "retry_backoff_max_s", "busy_wait_s"):
             _positive(name, getattr(self, name))
-        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) \
-                or self.max_retries < 0:
-            raise ConfigError(f"max_retries must be an integer >= 0, got {self.max_retries!r}")
+        for name in ("max_retries", "trace_messages"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
         max_poll_s = self.max_poll_interval_s
         if self.busy_wait_s + self.lease_s >= max_poll_s:
             raise ConfigError(f"busy_wait_s + lease_s ({self.busy_wait_s + self.lease_s} s) must "

@@ -27,5 +27,6 @@ A claim's life has one set of verbs, the same in the store, the Spark job and do
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext, RedisTx
 from eoguard.consumer.state import ConsumerStats
+from eoguard.consumer.trace import TraceRecord
 
-__all__ = ["ConsumerStats", "GuardedConsumer", "HandlerContext", "RedisTx"]
+__all__ = ["ConsumerStats", "GuardedConsumer", "HandlerContext", "RedisTx", "TraceRecord"]

@@ -69,6 +69,7 @@ from eoguard.consumer.leases import BatchLeases
 from eoguard.consumer.pipeline import Pipeline
 from eoguard.consumer.rewind import Rewinds
 from eoguard.consumer.state import ConsumerStats
+from eoguard.consumer.trace import TracedPipeline, TraceRecord
 from eoguard.errors import (
     BrokerError,
     ConfigError,
@@ -124,7 +125,8 @@ class GuardedConsumer:
                                      leases=self._leases, send=self._send, handler=handler,
                                      batch_handler=batch_handler)
         self._stats = self._batch.stats
-        self._pipe = Pipeline(self._batch, self._dead, commit=self._commit,
+        pipeline = TracedPipeline if config.trace_messages else Pipeline  # no test when off
+        self._pipe = pipeline(self._batch, self._dead, commit=self._commit,
                               light_below=max(1, config.batch_size // 4))
         self._callback_error: Exception | None = None  # raised by the next _consume
         self._orphans: list[Message] = []  # consumed when that error was raised
@@ -188,6 +190,13 @@ class GuardedConsumer:
         return replace(self._stats, claim_round_trips=self._dedup.round_trips,
                        in_flight=in_flight, dead_lettered=self._dead.routed,
                        lease_renewals=self._leases.renewals)
+
+    def trace(self) -> list[TraceRecord]:
+        """Trace mode (``ConsumerConfig.trace_messages``): the stage stamps of the messages
+        last committed, oldest first (:mod:`eoguard.consumer.trace`); empty when it is off.
+        Call it on the thread that polls (or after close)."""
+        pipe = self._pipe
+        return pipe.ring.records() if isinstance(pipe, TracedPipeline) else []
 
     def close(self) -> None:
         """Give back the claims held, leave the group (committing what is done), free the

@@ -119,7 +119,10 @@ class Pipeline:
     The pipeline holds the batch being handled, one claimed in reserve, those whose claims
     are in flight and the one just decoded (:meth:`wants_more` until enough are ahead), and
     ``FLIGHTS_OUT`` whose done marks are in flight (the module docstring has the timeline).
+    Its round trips are made by ``round_trip`` (trace mode's stamp their batches).
     """
+
+    round_trip: type[RoundTrip] = RoundTrip
 
     def __init__(self, batches: BatchProcessor, dead: DeadLetterRouter, *,
                  commit: Callable[[dict[Partition, int]], None], light_below: int = 0) -> None:
@@ -147,11 +150,15 @@ class Pipeline:
         return [*done, *self._claimed, *(b for f in self._flights for b in f.claims),
                 *self._decoded]
 
-    def read_ahead(self, raw: list[Message]) -> None:
-        """Steps 2 and 3 for records just consumed; their claims go out with the next send."""
-        if raw:
-            self._keeping_up = len(raw) < self._light_below
-            self._decoded.append(self._batches.decode(raw))
+    def read_ahead(self, raw: list[Message]) -> Batch | None:
+        """Steps 2 and 3 for records just consumed; their claims go out with the next send.
+        Returns their batch (None for no records)."""
+        if not raw:
+            return None
+        self._keeping_up = len(raw) < self._light_below
+        batch = self._batches.decode(raw)
+        self._decoded.append(batch)
+        return batch
 
     def next_batch(self) -> Batch | None:
         """The oldest claimed batch, landing round trips as needed; None when nothing is left."""
@@ -159,7 +166,8 @@ class Pipeline:
             if self._flights:
                 self._land()
             elif self._decoded:  # a run starts: claim what was read, on its own
-                self._flights.append(RoundTrip(self._batches, self._send, claims=self._decoded))
+                self._flights.append(self.round_trip(self._batches, self._send,
+                                                     claims=self._decoded))
                 self._decoded = []  # once sent: a failed send leaves them here
             else:
                 return None
@@ -176,8 +184,8 @@ class Pipeline:
         then), instead of a copy of a failed message taking it over from under its retry.
         """
         ok, failed = self._batches.handle(batch.items)  # Steps 5 and 6 (outputs).
-        flight = RoundTrip(self._batches, self._send, claims=self._decoded, done=batch, ok=ok,
-                           failed=failed)
+        flight = self.round_trip(self._batches, self._send, claims=self._decoded, done=batch,
+                                 ok=ok, failed=failed)
         self._decoded = []  # once sent: a failed send leaves every batch where it was
         self._flights.append(flight)
         self._claimed.popleft()

@@ -12,7 +12,7 @@ from eoguard.errors import StateError
 from eoguard.kafka.consumer import Partition
 from eoguard.store.dedup import Claim
 
-__all__ = ["Batch", "BatchStage", "ConsumerStats"]
+__all__ = ["Batch", "BatchStage", "BatchStamps", "ConsumerStats", "Stamp"]
 
 
 @dataclass(slots=True)
@@ -59,11 +59,35 @@ _NEXT: dict[BatchStage, tuple[BatchStage, ...]] = {
 }
 
 
+class Stamp(enum.IntEnum):
+    """What trace mode stamps (:mod:`eoguard.consumer.trace`), in the order a batch gets
+    there: an index into :attr:`BatchStamps.at`."""
+
+    READ = 0  # out of Kafka, not decoded yet
+    CLAIMS_SENT = 1
+    CLAIMS_LANDED = 2
+    HANDLED = 3  # its first pass handled (a retry's time is in DONE_LANDED -> COMMITTED)
+    DONE_SENT = 4
+    DONE_LANDED = 5
+    COMMITTED = 6  # offsets stored and the asynchronous commit sent (not its answer)
+
+
+class BatchStamps:
+    """Trace mode: when a batch reached each :class:`Stamp` (``time.perf_counter_ns``), and
+    the (id, created_at_ms) of the messages its first pass handled."""
+
+    __slots__ = ("at", "messages")
+
+    def __init__(self, read_ns: int) -> None:
+        self.at = [read_ns, 0, 0, 0, 0, 0, 0]
+        self.messages: list[tuple[str, int]] = []
+
+
 class Batch:
     """The records of one ``consume`` call on their way from decoded to claimed to committed."""
 
     __slots__ = ("busy", "busy_rounds", "busy_until", "claimed", "ends", "items",
-                 "lease_left_ms", "msgs", "stage", "token")
+                 "lease_left_ms", "msgs", "stage", "stamps", "token")
 
     def __init__(self, msgs: list[Message], items: list[Inbound],
                  ends: dict[Partition, int]) -> None:
@@ -77,6 +101,7 @@ class Batch:
         self.lease_left_ms: list[int] = []  # that lease, per busy item
         self.busy_until = 0.0  # monotonic deadline of the busy waits
         self.busy_rounds = 0
+        self.stamps: BatchStamps | None = None  # trace mode only
 
     def advance(self, stage: BatchStage) -> None:
         """Move to ``stage``; any stage may drop the batch, the rest go in order (a step out

@@ -53,6 +53,8 @@ def test_secrets_stay_out_of_repr() -> None:
     {"topics": "orders"},
     {"batch_size": 0},
     {"max_retries": -1},
+    {"trace_messages": -1},
+    {"trace_messages": True},
     {"lease_s": 200.0, "busy_wait_s": 200.0},  # beyond max.poll.interval.ms
 ])
 def test_invalid_values_fail_at_construction(bad) -> None:

@@ -25,6 +25,7 @@ from eoguard.consumer.handler import ContextEnv, HandlerContext
 from eoguard.consumer.leases import BatchLeases
 from eoguard.consumer.pipeline import FLIGHTS_OUT, Pipeline
 from eoguard.consumer.state import Batch, BatchStage
+from eoguard.consumer.trace import TracedPipeline
 from eoguard.errors import StoreError
 from eoguard.stack.feed import envelope
 from eoguard.store.dedup import ClaimResult, DedupStore, DoneResult
@@ -111,12 +112,13 @@ class Stub:
 
 class Harness:
     def __init__(self, handler: Callable[[HandlerContext], None] | None = None, *,
-                 light_below: int = 0) -> None:
+                 light_below: int = 0, trace_messages: int = 0) -> None:
         keys = KeySpace(prefix="unit")
         config = ConsumerConfig(kafka={"bootstrap.servers": "unused:9092", "group.id": "g"},
                                 redis=RedisConfig(url="redis://127.0.0.1:1/0"), scope="app",
                                 topics=("t",), keyspace=keys, retry_backoff_s=0.001,
-                                retry_backoff_max_s=0.002, busy_wait_s=5.0)
+                                retry_backoff_max_s=0.002, busy_wait_s=5.0,
+                                trace_messages=trace_messages)
         # A client that is never connected: preparing calls touches no server.
         store = DedupStore(redis.Redis(port=1), scope="app", keys=keys)
         self.stub = Stub(store)
@@ -131,7 +133,8 @@ class Harness:
                                       send=self.stub.send,
                                       handler=handler or (lambda ctx: self.handled.append(ctx.message_id)),
                                       batch_handler=None)
-        self.pipe = Pipeline(self.batches, dead, commit=self.commits.append,
+        pipeline = TracedPipeline if trace_messages else Pipeline
+        self.pipe = pipeline(self.batches, dead, commit=self.commits.append,
                              light_below=light_below)
         self.offset = 0
 
@@ -383,3 +386,27 @@ def test_a_message_expired_while_it_waited_is_not_handled(harness: Harness) -> N
     # Its claim is let go by the batch's done marks, with the handled ones.
     done = [i for trip in harness.stub.trips for s, _, i in trip if s == "dedup_done"]
     assert [len(i) for i in done] == [3]
+
+
+def test_trace_mode_stamps_every_batch_at_each_stage_in_order() -> None:
+    # 12 batches of 3 through the overlapped timeline, then drained; the ring keeps the
+    # last 25 messages committed: the oldest batch kept is cut to its newest message.
+    harness = Harness(trace_messages=25)
+    try:
+        reads = [harness.records(3) for _ in range(12)]
+        supply = [recs for recs, _ in reads]
+        while harness.poll(0, supply=supply) is not None or supply:
+            pass
+        assert harness.pipe.idle
+        assert isinstance(harness.pipe, TracedPipeline)
+        records = harness.pipe.ring.records()
+        assert [r.message_id for r in records] == [i for _, ids in reads for i in ids][-25:]
+        for rec in records:
+            stamps = rec.stamps_ns()
+            assert stamps[0] > 0
+            assert list(stamps) == sorted(stamps), rec
+        # Messages of a batch share its stamps; batches differ.
+        assert records[1].stamps_ns() == records[3].stamps_ns()
+        assert records[0].stamps_ns() != records[1].stamps_ns()
+    finally:
+        harness.close()
