@@ -1,6 +1,7 @@
 """End-to-end latency, produce -> handler, with and without eoguard (a benchmark, not a test).
 
     python -m bench.bench_latency [--seconds 10] [--rounds 3] [--max-rate N] [--redis-url URL]
+                                  [--trace]
 
 An open-loop schedule: message k is due at ``start + k / rate`` and its latency is measured
 from that due time (a sender that falls behind adds its lag, as a real load would), to the
@@ -22,6 +23,8 @@ Prints each point's p50/p99 (p999 only where a point has at least 10,000 samples
 pipeline and rate the min and median over the rounds of p50 and p99 and of their difference
 to plain in the same round. Each point also prints the longest stalls Redis's latency monitor
 saw meanwhile (an AOF fsync, a fork), which explain an eoguard tail plain does not have.
+With ``--trace`` the eoguard consumers run in trace mode and each eoguard point also prints
+where its tail messages spent their time, stage by stage (:mod:`bench.trace_report`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from confluent_kafka import Consumer, Producer
 
 from bench import table
 from bench.bench_producer import KAFKA, PlainEncoder, baseline, make_topic
+from bench.trace_report import SchedStat, TracedRun, report, tasks
 from eoguard.codec import ENVELOPE_SCHEMA, SchemaRegistry
 from eoguard.config import ConsumerConfig, ProducerConfig, RedisConfig
 from eoguard.consumer.guarded import GuardedConsumer
@@ -55,19 +59,26 @@ PIPELINES = ("plain", "persist-first", "delayed")
 
 
 def consume(pipeline: str, bootstrap: str, redis_url: str, prefix: str, topic: str,
-            expect: int, ready: Any, out: Any) -> None:
-    """In a process of its own: read ``expect`` messages, put their latencies (ms) on ``out``."""
+            expect: int, ready: Any, out: Any, trace: bool = False) -> None:
+    """In a process of its own: read ``expect`` messages, put their latencies (ms) on ``out``,
+    with a :class:`~bench.trace_report.TracedRun` (None unless ``trace`` and eoguard's)."""
     latencies: list[float] = []
+    due_ns: dict[str, int] = {}  # trace mode: message id -> due time
+    started: list[tuple[dict[int, tuple[int, int]], float]] = []  # the first warm-up seen
     group = f"lat-{uuid.uuid4().hex[:8]}"
     kafka = {"bootstrap.servers": bootstrap, "group.id": group,
              "auto.offset.reset": "earliest", **FETCH}
 
-    def seen(payload: bytes) -> None:
+    def seen(payload: bytes, message_id: str | None = None) -> None:
         due = STAMP.unpack(payload[:8])[0]
         if due == 0.0:  # a warm-up message: the pipeline is up end to end
+            if not started:
+                started.append((tasks(), time.monotonic()))
             ready.set()
         else:
             latencies.append((time.time() - due) * 1000)
+            if message_id is not None:
+                due_ns[message_id] = int(due * 1e9)
 
     deadline = time.monotonic() + 600
     if pipeline == "plain":
@@ -80,15 +91,23 @@ def consume(pipeline: str, bootstrap: str, redis_url: str, prefix: str, topic: s
                 env = fastavro.schemaless_reader(io.BytesIO(msg.value()[10:]), schema, None)
                 seen(env["payload"])
         consumer.close()
-    else:
-        config = ConsumerConfig(kafka=kafka, redis=RedisConfig(url=redis_url), scope="latency",
-                                topics=(topic,), keyspace=KeySpace(prefix=prefix),
-                                poll_timeout_s=0.1, ack_outbox=True)
-        guarded = GuardedConsumer(config, handler=lambda ctx: seen(ctx.payload))
-        while len(latencies) < expect and time.monotonic() < deadline:
-            guarded.poll_once()
-        guarded.close()
-    out.put(latencies)
+        out.put((latencies, None))
+        return
+    config = ConsumerConfig(kafka=kafka, redis=RedisConfig(url=redis_url), scope="latency",
+                            topics=(topic,), keyspace=KeySpace(prefix=prefix),
+                            poll_timeout_s=0.1, ack_outbox=True,
+                            trace_messages=expect + 1000 if trace else 0)  # warm-ups too
+    guarded = GuardedConsumer(config, handler=lambda ctx: seen(
+        ctx.payload, ctx.message_id if trace else None))
+    while len(latencies) < expect and time.monotonic() < deadline:
+        guarded.poll_once()
+    ended = tasks(), time.monotonic()  # before close: librdkafka's threads end with it
+    guarded.close()  # the last batches' done marks land and commit
+    traced = None
+    if trace and started:
+        (start, at), (end, end_at) = started[0], ended
+        traced = TracedRun(guarded.trace(), due_ns, SchedStat.between(start, end), end_at - at)
+    out.put((latencies, traced))
 
 
 def warm_up(send: Any, ready: Any) -> None:
@@ -137,20 +156,20 @@ def schedule(send: Any, rate: float, count: int) -> None:
         send(STAMP.pack(due) + pad)
 
 
-def point(pipeline: str, bootstrap: str, redis_url: str, rate: float, seconds: float
-          ) -> list[float]:
+def point(pipeline: str, bootstrap: str, redis_url: str, rate: float, seconds: float,
+          trace: bool = False) -> tuple[list[float], TracedRun | None]:
     topic = make_topic(bootstrap, 4)
     prefix = f"lat{uuid.uuid4().hex[:6]}"
     count = max(1, int(rate * seconds))
     ctx = mp.get_context("spawn")
     ready, out = ctx.Event(), ctx.Queue()
     proc = ctx.Process(target=consume, args=(pipeline, bootstrap, redis_url, prefix, topic,
-                                             count, ready, out))
+                                             count, ready, out, trace))
     proc.start()
     send_all(pipeline, bootstrap, redis_url, prefix, topic, rate, count, ready)
-    latencies: list[float] = out.get(timeout=600)
+    latencies, traced = out.get(timeout=600)
     proc.join(30)
-    return sorted(latencies)
+    return sorted(latencies), traced
 
 
 class RedisStalls:
@@ -167,15 +186,20 @@ class RedisStalls:
         except redis.RedisError:
             self.on = False
 
-    def worst(self) -> str:
-        """``event max_ms`` per event seen since the start, or '' (the client is closed)."""
+    def worst(self) -> tuple[str, dict[str, list[tuple[int, int]]]]:
+        """``event max_ms`` per event seen since the start (LATENCY LATEST) or '', and each
+        event's samples (LATENCY HISTORY: epoch s, ms); the client is closed."""
         try:
             if not self.on:
-                return ""
+                return "", {}
             rows = self.client.execute_command("LATENCY", "LATEST")
-            return ", ".join(f"{reply_text(r[0])} max {int(r[3])} ms" for r in rows)
+            history = {}
+            for row in rows:
+                samples = self.client.execute_command("LATENCY", "HISTORY", row[0])
+                history[reply_text(row[0])] = [(int(at), int(ms)) for at, ms in samples]
+            return ", ".join(f"{reply_text(r[0])} max {int(r[3])} ms" for r in rows), history
         except redis.RedisError:
-            return ""
+            return "", {}
         finally:
             self.client.close()
 
@@ -208,6 +232,8 @@ def main() -> None:
     parser.add_argument("--max-rate", type=float, help="the callback baseline's msg/s "
                         "(measured first when not given)")
     parser.add_argument("--redis-url", help="Redis for eoguard (default: the local stack's)")
+    parser.add_argument("--trace", action="store_true", help="trace the eoguard consumers and "
+                        "print where their tail messages spent their time")
     args = parser.parse_args()
     ends, _ = LocalStack().up()
     redis_url = args.redis_url or ends.redis_url
@@ -221,12 +247,16 @@ def main() -> None:
         for label, rate in rates:
             for pipeline in PIPELINES:
                 stalls = RedisStalls(redis_url)
-                lat = point(pipeline, ends.kafka_bootstrap, redis_url, rate, args.seconds)
-                seen = stalls.worst()
+                lat, traced = point(pipeline, ends.kafka_bootstrap, redis_url, rate,
+                                    args.seconds, args.trace)
+                seen, history = stalls.worst()
                 found.setdefault((label, pipeline), []).append(
                     (lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))]))
                 print(f"  {label:8s} {rate:8,.0f} msg/s  {pipeline:14s} {summary(lat)}"
                       + (f"  [Redis stalls: {seen}]" if seen else ""), flush=True)
+                if traced is not None:
+                    print("\n".join(f"    {line}" for line in report(traced, seen, history)),
+                          flush=True)
     print(f"\nover {args.rounds} rounds, ms: p50 and p99 as min / median; the difference to "
           "plain in the same round as min / median")
     for label, rate in rates:
