@@ -266,6 +266,7 @@ def spark() -> Iterator[SparkSession]:
     if not jars or missing:
         pytest.fail(f"the Spark connector jars are missing: {missing or 'none resolved'}",
                     pytrace=False)
+    from eoguard_spark.avro_schema import avro_session_conf  # noqa: PLC0415
     from eoguard_spark.redaction import redaction_conf  # noqa: PLC0415
 
     builder = (
@@ -279,7 +280,8 @@ def spark() -> Iterator[SparkSession]:
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
     )
-    for key, value in redaction_conf().items():  # as the job's own sessions (local_session)
+    # as the job's own sessions (local_session): secrets redacted, Avro's reader capped
+    for key, value in {**redaction_conf(), **avro_session_conf()}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")

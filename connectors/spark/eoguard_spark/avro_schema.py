@@ -13,15 +13,34 @@ from typing import Any
 import fastavro
 from fastavro.schema import SchemaParseException
 
+from eoguard.codec.rules import InputLimits
 from eoguard.errors import ConfigError
 
-__all__ = ["AVRO_DECODED", "avro_id_type", "avro_record_schema", "spark_schemas"]
+__all__ = ["AVRO_DECODED", "AVRO_LIMITS", "avro_id_type", "avro_record_schema",
+           "avro_session_conf", "spark_schemas"]
 
 AVRO_DECODED = "_eoguard_decoded"
 """The field the job adds to the reader schema to tell a body ``from_avro`` could not read
 (:func:`spark_schemas`); a schema may not have a field of that name."""
 
 _ID_TYPES = ("string", "int", "long")
+
+AVRO_LIMITS = ("org.apache.avro.limits.string.maxLength",
+               "org.apache.avro.limits.bytes.maxLength",
+               "org.apache.avro.limits.collectionItems.maxLength")
+"""The JVM system properties that cap what Avro's Java reader allocates for one declared
+length (a string, bytes, an array or map block). Without them a 7-byte value declaring a
+string of 2 GiB is an OutOfMemoryError, which ``from_avro``'s PERMISSIVE mode does not
+catch: the JVM exits. With them the reader raises, and the row is a dead letter."""
+
+
+def avro_session_conf(limit: int = InputLimits().payload_bytes) -> dict[str, str]:
+    """The Spark settings that set :data:`AVRO_LIMITS` to ``limit`` (bytes or items; by
+    default the largest value the job reads: no string or block of such a value is longer) in
+    the driver's and the executors' JVMs. Given before the session starts; a session of your
+    own needs the same ``extraJavaOptions`` (appended to any you have)."""
+    options = " ".join(f"-D{name}={limit}" for name in AVRO_LIMITS)
+    return {"spark.driver.extraJavaOptions": options, "spark.executor.extraJavaOptions": options}
 
 
 def avro_record_schema(text: object) -> dict[str, Any]:
@@ -41,11 +60,42 @@ def avro_record_schema(text: object) -> dict[str, Any]:
             or not isinstance(schema.get("fields"), list)):
         raise ConfigError("plain avro_schema must be an Avro record schema (type record, "
                           "with fields)")
-    if any(f.get("name") == AVRO_DECODED for f in schema["fields"]):
+    if any(str(f.get("name")).lower() == AVRO_DECODED for f in schema["fields"]):
         raise ConfigError(f"plain avro_schema has a field {AVRO_DECODED!r}: the job adds one "
                           f"of that name to tell an unreadable body")
+    _check_spark_names(schema)
     out: dict[str, Any] = schema
     return out
+
+
+def _check_spark_names(kind: Any) -> None:
+    """ConfigError for what fastavro and Spark's parser accept but ``from_avro`` fails on every
+    record of (a dead letter each): in any record, two fields whose names differ only in case
+    (Spark matches fields to columns ignoring case), or an alias that is another field's name
+    or alias (the job's reader schema resolves aliases against the writer's)."""
+    if isinstance(kind, list):
+        for branch in kind:
+            _check_spark_names(branch)
+        return
+    if not isinstance(kind, dict):
+        return
+    if kind.get("type") == "record":
+        seen: dict[str, str] = {}
+        for fld in kind.get("fields", []):
+            names = [fld["name"], *fld.get("aliases", [])]
+            for name in names:
+                other = seen.setdefault(str(name).lower(), fld["name"])
+                if other != fld["name"] or names.count(name) > 1:
+                    raise ConfigError(
+                        f"plain avro_schema record {kind.get('name')!r}: {name!r} of field "
+                        f"{fld['name']!r} clashes with field {other!r} (names and aliases "
+                        f"must differ beyond case: Spark's from_avro matches them ignoring "
+                        f"case)")
+            _check_spark_names(fld.get("type"))
+        return
+    for key in ("items", "values", "type"):
+        if key in kind:
+            _check_spark_names(kind[key])
 
 
 def avro_id_type(schema: dict[str, Any], name: str) -> str:

@@ -24,6 +24,7 @@ from eoguard.stack import spark_jars
 from eoguard.store.client import connect
 from eoguard.store.layout import check_layout
 from eoguard_spark.acks import wait_for_acks
+from eoguard_spark.avro_schema import avro_session_conf
 from eoguard_spark.batch import BatchProcessor, BatchStats, ForeachBatch, MicroBatchRunner
 from eoguard_spark.decode import RowStatus
 from eoguard_spark.options import DedupMode, JobOptions
@@ -144,13 +145,15 @@ def local_session(*, master: str = "local[2]", app_name: str = "eoguard-spark",
     Python workers run this interpreter (``PYSPARK_PYTHON``) unless it is set already, so
     they import the same eoguard and pyarrow as the driver. Spark's redaction covers the
     secrets the job may pass (:mod:`eoguard_spark.redaction`) unless ``conf`` says otherwise.
+    Driver and executors cap what Avro's reader allocates (``avro_session_conf``): plain Avro
+    values need it.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder: Any = (SparkSession.builder.master(master).appName(app_name)
                     .config("spark.jars", spark_jars())
                     .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
                     .config("spark.ui.enabled", "false"))
-    for key, value in {**redaction_conf(), **(conf or {})}.items():
+    for key, value in {**redaction_conf(), **avro_session_conf(), **(conf or {})}.items():
         builder = builder.config(key, value)
     session: SparkSession = builder.getOrCreate()
     return session

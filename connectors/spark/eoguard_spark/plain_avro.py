@@ -20,13 +20,20 @@ from typing import Any
 
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import AnalysisException, IllegalArgumentException
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql.avro.functions import from_avro
 from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StructType
 
 from eoguard.errors import ConfigError
-from eoguard_spark.avro_schema import AVRO_DECODED, avro_id_type, avro_record_schema, spark_schemas
+from eoguard_spark.avro_schema import (
+    AVRO_DECODED,
+    AVRO_LIMITS,
+    avro_id_type,
+    avro_record_schema,
+    avro_session_conf,
+    spark_schemas,
+)
 from eoguard_spark.decode import fence
 from eoguard_spark.options import AvroFraming, PlainOptions
 from eoguard_spark.rules import Rule
@@ -87,6 +94,7 @@ def with_avro_value(rows: DataFrame, plain: PlainOptions) -> tuple[DataFrame, li
     refuses): the query is not built.
     """
     assert plain.avro_schema is not None
+    _check_limits(rows.sparkSession)
     value = F.col("value")
     schema = avro_record_schema(plain.avro_schema)
     writer, reader = spark_schemas(schema, plain.id_field)
@@ -130,6 +138,24 @@ def with_avro_value(rows: DataFrame, plain: PlainOptions) -> tuple[DataFrame, li
         rules.append((~valid, F.lit("plain record: a string of the Avro record is not valid "
                                     "UTF-8")))
     return rows, rules
+
+
+def _check_limits(spark: SparkSession) -> None:
+    """ConfigError unless Avro's reader is capped (:data:`AVRO_LIMITS`) in the driver's JVM
+    and, off local mode, in the executors' settings: uncapped, one value of a few bytes that
+    declares a 2 GiB string exits the JVM (OutOfMemoryError)."""
+    wanted = avro_session_conf()["spark.executor.extraJavaOptions"]
+    system = spark.sparkContext._jvm.java.lang.System  # type: ignore[union-attr]
+    driver = all(system.getProperty(name) for name in AVRO_LIMITS)
+    local = (spark.sparkContext.master or "").startswith("local")
+    executors = all(f"-D{name}=" in spark.sparkContext.getConf().get(
+        "spark.executor.extraJavaOptions", "") for name in AVRO_LIMITS)
+    if not (driver and (local or executors)):
+        raise ConfigError(
+            f"plain Avro values need Avro's reader capped in every JVM, or a few bytes "
+            f"declaring a 2 GiB string exit it: start the session with "
+            f"spark.driver.extraJavaOptions and spark.executor.extraJavaOptions holding "
+            f"{wanted!r} (eoguard_spark.local_session and python -m eoguard_spark do)")
 
 
 def avro_field_key(plain: PlainOptions) -> tuple[Column, list[Rule]]:
