@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 import uuid
 
 import pytest
@@ -16,6 +17,7 @@ from eoguard import (
     new_message_id,
 )
 from eoguard.codec import check_envelope
+from eoguard.envelope import namespace_uuid
 from tests.unit.codec_samples import envelope
 
 CANON = "0190f3a2-7b1c-7d2e-8f00-0123456789ab"
@@ -66,6 +68,22 @@ def test_message_id_for_is_a_stable_uuid5() -> None:
     assert message_id_for("orders", "A-1") != message_id_for("refunds", "A-1")
     assert message_id_for("orders", "A-1") != message_id_for("orders", "A-2")
     assert uuid.UUID(message_id_for("orders", "ü")).version == 5
+
+
+def test_message_id_for_spells_exactly_what_uuid5_does() -> None:
+    """message_id_for writes the UUID from the SHA-1 hex digest itself (no UUID object per
+    call): over random namespaces and keys, text and bytes, it is uuid.uuid5's string."""
+    rnd = random.Random(5)
+    for _ in range(20_000):
+        namespace = rnd.choice(["orders", "ü", "x" * 64, ""]) or uuid.uuid4()
+        text = "".join(chr(rnd.choice([rnd.randrange(32, 127), rnd.randrange(0xA0, 0xD7FF),
+                                       rnd.randrange(0x10000, 0x10FFFF)]))
+                       for _ in range(rnd.randrange(0, 16)))
+        ns = namespace if isinstance(namespace, uuid.UUID) else namespace_uuid(namespace)
+        want = uuid.uuid5(ns, text)
+        assert message_id_for(namespace, text) == str(want)
+        assert message_id_for(namespace, text.encode()) == str(want)
+        assert (want.version, want.variant) == (5, uuid.RFC_4122)
 
 
 NOW = 1_700_000_000_000
