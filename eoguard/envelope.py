@@ -114,6 +114,8 @@ class Envelope:
 
 _VERSION_8 = 0x8 << 76
 _VARIANT = 0b10 << 62
+_VARIANT_NIBBLE = {c: "89ab"[int(c, 16) & 0x3] for c in "0123456789abcdef"}
+"""The RFC 9562 variant of a hex digit at a UUID's 17th place: its top two bits made 10."""
 _RAND_MASK = (1 << 74) - 1  # the 74 free bits of a UUIDv7/v8 (rand_a and rand_b)
 
 # uuid-utils keeps its generator's random state in Rust: a forked child would draw the same
@@ -220,5 +222,3 @@ def message_id_for(namespace: str | uuid.UUID, key: str | bytes) -> str:
     variant = _VARIANT_NIBBLE[h[16]]  # RFC 9562 variant: the nibble's top two bits 10
     return f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{variant}{h[17:20]}-{h[20:32]}"  # version 5
 
-
-_VARIANT_NIBBLE = {c: "89ab"[int(c, 16) & 0x3] for c in "0123456789abcdef"}
