@@ -105,15 +105,16 @@ def with_avro_value(rows: DataFrame, plain: PlainOptions) -> tuple[DataFrame, li
         # at least one byte of body, as confluent-kafka's AvroDeserializer asks
         short = F.octet_length(value) <= REGISTRY_HEADER
         magic = F.substring(value, 1, 1)
+        framed = magic == F.lit(bytearray(b"\x00"))
         rules += [
             (short, F.format_string("plain record: %d bytes, too short for the %d-byte Schema "
                                     "Registry header and a body", F.octet_length(value),
                                     F.lit(REGISTRY_HEADER))),
-            (magic != F.lit(bytearray(b"\x00")),
+            (~framed,
              F.concat(F.lit("plain record: bad magic: starts with "), F.lower(F.hex(magic)),
                       F.lit(", expected 00 (Schema Registry framing)"))),
         ]
-        readable = readable & ~short & (magic == F.lit(bytearray(b"\x00")))
+        readable = readable & ~short & framed
     options = {"mode": "PERMISSIVE", "avroSchema": reader}
     try:  # Step 2c.
         rows = rows.withColumn(AVRO_COLUMN, F.when(readable, from_avro(body, writer, options)))
