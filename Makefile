@@ -1,6 +1,6 @@
 # One entry point for the demo, the tests and the benchmarks. Every target installs what it
-# needs first (venv, Python packages, redis-server, Kafka and Spark jars), so a fresh machine
-# needs only these commands.
+# needs first (venv, Python packages, redis-server, Kafka and Spark jars, the Schema Registry), so
+# a fresh machine needs only these commands.
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
@@ -11,7 +11,7 @@ STAMP   := $(VENV)/.installed
 # The Spark job is its own distribution (eoguard-spark, import name eoguard_spark) in connectors/spark.
 $(STAMP): pyproject.toml connectors/spark/pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[dev,metrics]' -e ./connectors/spark
+	$(BIN)/pip install -q -e '.[dev,metrics,registry]' -e ./connectors/spark
 	touch $(STAMP)
 
 setup: $(STAMP)

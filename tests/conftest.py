@@ -1,8 +1,10 @@
-"""Session fixtures: the real local stack (Kafka, Redis), started once and stopped at the end.
+"""Session fixtures: the real local stack (Kafka, Redis, Schema Registry), started once and
+stopped at the end.
 
 With ``--docker`` the stack comes from ``compose/docker-compose.yml`` through pytest-docker;
 otherwise from :mod:`eoguard.stack` (the process stack CI uses). ``EOGUARD_KAFKA_BOOTSTRAP`` /
-``EOGUARD_REDIS_URL`` point the tests at services that already run.
+``EOGUARD_REDIS_URL`` / ``EOGUARD_SCHEMA_REGISTRY_URL`` point the tests at services that
+already run.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
@@ -23,6 +25,7 @@ from eoguard.errors import StackError
 from eoguard.stack import Endpoints, LocalStack, create_topics, spark_jars
 from eoguard.stack.kafka_broker import KafkaBroker, broker_answers
 from eoguard.stack.redis_server import RedisServer
+from eoguard.stack.schema_registry import CCOMPAT_PATH, registry_answers
 from eoguard.store.client import connect
 from tests.redis_kit import acl_user
 
@@ -112,9 +115,14 @@ def docker_compose_file() -> str:
 def docker_stack(docker_ip: str, docker_services) -> Endpoints:  # type: ignore[no-untyped-def]
     kafka = f"{docker_ip}:{docker_services.port_for('kafka', 9092)}"
     redis_url = f"redis://{docker_ip}:{docker_services.port_for('redis', 6379)}/0"
+    registry = (f"http://{docker_ip}:{docker_services.port_for('schema-registry', 8080)}"
+                f"{CCOMPAT_PATH}")
     docker_services.wait_until_responsive(timeout=120, pause=1, check=lambda: broker_answers(kafka))
+    docker_services.wait_until_responsive(timeout=120, pause=1,
+                                          check=lambda: registry_answers(registry))
     return Endpoints(kafka_bootstrap=kafka, redis_url=redis_url, kafka_managed=False,
-                     redis_managed=False)
+                     redis_managed=False, schema_registry_url=registry,
+                     schema_registry_managed=False)
 
 
 @pytest.fixture
@@ -125,6 +133,25 @@ def kafka_bootstrap(stack: Endpoints) -> str:
 @pytest.fixture
 def redis_url(stack: Endpoints) -> str:
     return stack.redis_url
+
+
+@pytest.fixture
+def schema_registry_url(stack: Endpoints) -> str:
+    """The Confluent-compatible API root of the test topology's Schema Registry (one per
+    topology), as SchemaRegistryClient's ``url`` takes it."""
+    if stack.schema_registry_url is None:
+        pytest.fail("the stack has no Schema Registry", pytrace=False)
+    return stack.schema_registry_url
+
+
+@pytest.fixture
+def schema_registry_client(schema_registry_url: str) -> Iterator[Any]:
+    """A confluent-kafka ``SchemaRegistryClient`` of the test's registry, closed at the end
+    (an open one leaves sockets behind, which warnings-as-errors fails on)."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient  # noqa: PLC0415 - registry extra
+
+    with SchemaRegistryClient({"url": schema_registry_url}) as client:
+        yield client
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""``eoguard stack up|down|status``: the local Kafka + Redis stack (eoguard.stack.LocalStack)."""
+"""``eoguard stack up|down|status``: the local Kafka + Redis + Schema Registry stack
+(eoguard.stack.LocalStack)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import click
 
 from eoguard.cli import render
 from eoguard.cli.context import CliContext, json_option, pass_cli
-from eoguard.redaction import redact_url
 from eoguard.stack import LocalStack
 from eoguard.stack.local import TOPOLOGIES
 
@@ -17,10 +17,12 @@ from eoguard.stack.local import TOPOLOGIES
                    "Kafka nodes and a Redis Cluster of three masters with a replica each.")
 @click.pass_context
 def stack(ctx: click.Context, topology: str | None) -> None:
-    """The local stack: Kafka (KRaft) and Redis (AOF), for the demo and the tests.
+    """The local stack: Kafka (KRaft), Redis (AOF) and a Schema Registry (Apicurio Registry,
+    Confluent-compatible API), for the demo and the tests.
 
-    EOGUARD_KAFKA_BOOTSTRAP / EOGUARD_REDIS_URL (EOGUARD_CLUSTER_... for --topology cluster)
-    name services to reuse instead; the stack then starts and stops nothing of its own for them.
+    EOGUARD_KAFKA_BOOTSTRAP / EOGUARD_REDIS_URL / EOGUARD_SCHEMA_REGISTRY_URL
+    (EOGUARD_CLUSTER_... for --topology cluster) name services to reuse instead; the stack then
+    starts and stops nothing of its own for them.
     """
     ctx.meta["eoguard.topology"] = topology
 
@@ -33,34 +35,36 @@ def _local() -> LocalStack:
 @json_option
 @pass_cli
 def up(cli: CliContext) -> None:
-    """Start Kafka and Redis unless they already run (idempotent); print their endpoints."""
+    """Start Kafka, Redis and the Schema Registry unless they already run (idempotent); print
+    their endpoints."""
     local = _local()
     with render.err_console().status("starting the local stack (Kafka: ~20 s; cluster: ~30 s)...") as status:
         if cli.as_json:
             status.stop()
         ends, started = local.up()
-    redis_url = redact_url(ends.redis_url)
-    data = {"kafka_bootstrap": ends.kafka_bootstrap, "redis_url": redis_url, "started": started,
-            "env": {**ends.as_env(), "EOGUARD_REDIS_URL": redis_url}}
+    env = ends.shown_env()
+    data = {"kafka_bootstrap": ends.kafka_bootstrap, "redis_url": env["EOGUARD_REDIS_URL"],
+            "schema_registry_url": env.get("EOGUARD_SCHEMA_REGISTRY_URL"), "started": started,
+            "env": env}
     render.show(cli, data, render.key_values("local stack", {
         "kafka": ends.kafka_bootstrap,
-        "redis": redis_url,
+        "redis": env["EOGUARD_REDIS_URL"],
+        "schema registry": env.get("EOGUARD_SCHEMA_REGISTRY_URL", "-"),
         "started now": ", ".join(started) or "nothing (already running)",
     }))
 
 
 @stack.command()
-@click.option("--clean", is_flag=True, help="Also delete Kafka's log and Redis's data.")
+@click.option("--clean", is_flag=True,
+              help="Also delete Kafka's log, Redis's data and the registry's schemas.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation with --clean.")
 @click.option("--dry-run", is_flag=True, help="Say what would stop, stop nothing.")
 @json_option
 @pass_cli
 def down(cli: CliContext, *, clean: bool, yes: bool, dry_run: bool) -> None:
-    """Stop the Kafka and Redis this stack started (services named by env vars are left alone)."""
+    """Stop the services this stack started (services named by env vars are left alone)."""
     local = _local()
-    ends = local.endpoints()
-    managed = [name for name, owned in (("kafka", ends.kafka_managed), ("redis", ends.redis_managed))
-               if owned]
+    managed = local.managed_services()
     action = "stop and DELETE the data of" if clean else "stop"
     if not dry_run and clean and not yes:
         click.confirm(f"{action} {', '.join(managed) or 'nothing'}?", abort=True, err=True)

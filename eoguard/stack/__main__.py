@@ -7,10 +7,10 @@ import json
 import sys
 
 from eoguard.errors import StackError
-from eoguard.redaction import redact_url
 from eoguard.stack import LocalStack, resolve
 from eoguard.stack.local import TOPOLOGIES
 from eoguard.stack.redis_server import ensure_redis_server
+from eoguard.stack.schema_registry import distribution, registry_java
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,8 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         stack = LocalStack(topology=args.topology)
         if args.action == "up":
             ends, started = stack.up()
-            shown = {**ends.as_env(), "EOGUARD_REDIS_URL": redact_url(ends.redis_url)}
-            print(json.dumps({**shown, "started": started}))
+            print(json.dumps({**ends.shown_env(), "started": started}))
         elif args.action == "down":
             stack.down(clean=args.clean)
         elif args.action == "status":
@@ -35,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"redis-server: {ensure_redis_server()}")
             for kind in ("kafka", "spark"):
                 print(f"{kind}: {len(resolve(kind))} jars")
+            print(f"schema registry: {distribution()} on {registry_java()}")
     except StackError as exc:
         print(f"eoguard stack: {exc}", file=sys.stderr)
         return 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import shutil
 import subprocess
 import uuid
 from pathlib import Path
@@ -12,6 +11,7 @@ from confluent_kafka.admin import AdminClient
 
 from eoguard.errors import StackError
 from eoguard.stack import jars
+from eoguard.stack.java import find_java
 from eoguard.stack.process import ManagedProcess
 from eoguard.stack.tls import Security, write_private
 
@@ -138,10 +138,7 @@ class KafkaBroker(ManagedProcess):
         ])
 
     def _java(self) -> str:
-        java = shutil.which("java")
-        if java is None:
-            raise StackError("java (17 or newer) is needed to run Kafka; install openjdk-17-jre-headless")
-        return java
+        return find_java(17, purpose="Kafka")
 
     def _classpath(self) -> str:
         return str(jars.resolve("kafka")[0].parent / "*")

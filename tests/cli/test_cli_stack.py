@@ -9,7 +9,8 @@ pytestmark = pytest.mark.integration
 
 def test_stack_status(run_cli, stack, as_json) -> None:
     data = as_json(run_cli("--json", "stack", "status"))
-    assert set(data) == {"kafka", "redis"}
+    assert set(data) == {"kafka", "redis", "schema_registry"}
+    assert data["schema_registry"]["address"] == stack.schema_registry_url
     assert data["kafka"]["address"] == stack.kafka_bootstrap
     assert data["redis"]["address"] == stack.redis_url
     if stack.redis_managed:
@@ -26,13 +27,15 @@ def test_stack_up_is_idempotent(run_cli, stack, as_json) -> None:
     assert data["started"] == []  # already running
     assert data["kafka_bootstrap"] == stack.kafka_bootstrap
     assert data["env"]["EOGUARD_REDIS_URL"] == stack.redis_url
+    assert data["env"]["EOGUARD_SCHEMA_REGISTRY_URL"] == stack.schema_registry_url
 
 
 def test_stack_down_dry_run_stops_nothing(run_cli, stack, as_json) -> None:
     data = as_json(run_cli("--json", "stack", "down", "--dry-run", "--clean"))
     assert data["dry_run"] is True
     assert data["stopped"] == []
-    expected = [n for n, m in (("kafka", stack.kafka_managed), ("redis", stack.redis_managed)) if m]
+    expected = [n for n, m in (("kafka", stack.kafka_managed), ("redis", stack.redis_managed),
+                               ("schema_registry", stack.schema_registry_managed)) if m]
     assert data["would_stop"] == expected
     assert as_json(run_cli("--json", "stack", "status"))["kafka"]["ready"] in (True, None)
 
