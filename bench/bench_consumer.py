@@ -10,7 +10,11 @@ Pre-produces ~200-byte envelopes once, then reads them all four ways, each in a 
        envelope with plain fastavro (``schemaless_reader`` after the 10-byte header, a parsed
        schema) and drops expired ones;
   (a') the same loop decoding with eoguard's codec (the baseline of earlier figures);
-  (b)  GuardedConsumer with a no-op handler (batch claim, done, commit);
+  (b)  GuardedConsumer with a no-op handler (batch claim, done, commit), outbox
+       acknowledgements off;
+  (b+) the same with outbox acknowledgements on, as a deployment runs: before each run (not
+       timed) every envelope is stored in a fresh outbox as a GuardedProducer left it (kept
+       until consumed, marked published), so each done mark also deletes its outbox record;
   (c)  the per-message dedup of common idempotency utilities: loop (a) plus one Redis
        ``SET NX PX`` round trip per message, over the first ``--set-nx-messages`` records.
 
@@ -32,8 +36,9 @@ committed). The variants run in ``--rounds`` interleaved rounds; min and median 
 (the machine is shared and noisy). CPU per message is printed too: this process's (every
 thread), and for (b) the main thread's (the Python loop, apart from waiting) and the Redis
 server's. On a machine with
-few cores their sum, with the broker's, bounds (b): everything runs on the same cores. The
-outbox acknowledgement is off in (b): these envelopes were never in an outbox. Every run
+few cores their sum, with the broker's, bounds (b): everything runs on the same cores. Redis's
+CPU per message is (b+)'s line to read for a deployment; (b) shows what the acknowledgement
+adds. Every run
 writes its keys under a fresh prefix and deletes them afterwards (untimed), so runs do not see
 each other's keys nor grow the shared Redis.
 """
@@ -62,9 +67,14 @@ from eoguard.codec.plain import Lifetime, PlainRecords, id_from_field
 from eoguard.codec.schemas import default_schema_dir
 from eoguard.config import ConsumerConfig, RedisConfig
 from eoguard.consumer.guarded import GuardedConsumer
+from eoguard.envelope import Envelope
+from eoguard.modes import KeepUntil
 from eoguard.stack import LocalStack, create_topics
 from eoguard.stack.feed import envelope, produce
+from eoguard.store.client import connect
 from eoguard.store.keys import KeySpace
+from eoguard.store.outbox import Outbox
+from eoguard.store.outbox_types import OutboxRecord
 
 CODEC = EnvelopeCodec()
 PAYLOADS = PayloadCodec()
@@ -132,13 +142,38 @@ def plain_loop(bootstrap: str, topic: str, total: int, batch: int,
         consumer.close()
 
 
+def seed_outbox(redis_url: str, keyspace: KeySpace, topic: str, sent: list[Envelope]) -> None:
+    """Store ``sent`` in ``keyspace``'s outbox as a GuardedProducer in persist-first mode with
+    ``keep_until="consumed"`` leaves them once Kafka acknowledged them: published, kept until
+    a consumer's acknowledgement deletes them."""
+    client = connect(redis_url)
+    outbox = Outbox(client, keyspace)
+    try:
+        for start in range(0, len(sent), 1000):
+            chunk = [OutboxRecord(id=env.id, topic=topic, key=None, value=CODEC.encode(env),
+                                  created_at_ms=env.created_at_ms,
+                                  expires_at_ms=env.expires_at_ms)
+                     for env in sent[start:start + 1000]]
+            outbox.put(chunk, owner="bench-producer", keep_until=KeepUntil.CONSUMED,
+                       resend_after_ms=3_600_000)
+            outbox.mark_published([rec.id for rec in chunk], keep_until=KeepUntil.CONSUMED)
+    finally:
+        client.close()
+
+
 def guarded_loop(bootstrap: str, redis_url: str, topic: str, total: int, batch: int,
-                 plain_records: PlainRecords | None = None) -> float:
+                 plain_records: PlainRecords | None = None,
+                 acked: list[Envelope] | None = None) -> float:
+    """Seconds from the first record to the last handled; with ``acked`` (the topic's
+    envelopes), outbox acknowledgements on, over an outbox seeded with them first."""
     keyspace = KeySpace(prefix=f"bench{uuid.uuid4().hex[:6]}")
+    if acked is not None:
+        seed_outbox(redis_url, keyspace, topic, acked)
     config = ConsumerConfig(
         kafka={"bootstrap.servers": bootstrap, "group.id": f"b-{uuid.uuid4().hex[:8]}"},
         redis=RedisConfig(url=redis_url), scope=f"bench-{uuid.uuid4().hex[:6]}", topics=(topic,),
-        batch_size=batch, keyspace=keyspace, ack_outbox=False, plain_records=plain_records)
+        batch_size=batch, keyspace=keyspace, ack_outbox=acked is not None,
+        plain_records=plain_records)
     consumer = GuardedConsumer(config, handler=lambda ctx: None)
     info = redis.Redis.from_url(redis_url)
     started, cpu, process, server = 0.0, 0.0, 0.0, 0.0
@@ -152,6 +187,10 @@ def guarded_loop(bootstrap: str, redis_url: str, topic: str, total: int, batch: 
         stats = consumer.stats()
         assert stats.handled == total, stats
         us = 1e6 / total
+        if acked is not None:
+            records = f"{keyspace.prefix}:ob:*:r:*"
+            left = sum(1 for _ in info.scan_iter(match=records, count=10_000))
+            print(f"    outbox keys left after the acknowledgements: {left}")
         print(f"    handled={stats.handled} redis round trips={stats.claim_round_trips} "
               f"commits={stats.commits}; waited on Redis {stats.redis_wait_s:.2f} s; "
               f"cpu per message: main thread {cpu * us:.1f} us, "
@@ -293,10 +332,9 @@ def main() -> None:
         ends = replace(ends, redis_url=args.redis_url)
     total = args.messages
     topic = make_topic(ends.kafka_bootstrap, args.partitions)
-    sample = envelope(b"p" * 122, ttl_ms=3_600_000)
-    print(f"producing {total} envelopes of {len(CODEC.encode(sample))} bytes to {topic} ...")
-    produce(ends.kafka_bootstrap, topic, (envelope(b"p" * 122, ttl_ms=3_600_000)
-                                          for _ in range(total)))
+    sent = [envelope(b"p" * 122, ttl_ms=3_600_000) for _ in range(total)]
+    print(f"producing {total} envelopes of {len(CODEC.encode(sent[0]))} bytes to {topic} ...")
+    produce(ends.kafka_bootstrap, topic, sent)
     plain_topic = make_topic(ends.kafka_bootstrap, args.partitions)
     print(f"producing {total} JSON orders of {len(order_json(total))} bytes to {plain_topic} ...")
     produce(ends.kafka_bootstrap, plain_topic, (order_json(n) for n in range(total)))
@@ -325,6 +363,8 @@ def main() -> None:
             ends.kafka_bootstrap, topic, total, args.batch, decode=eoguard_decode)),
         "(b)": ("GuardedConsumer, no-op handler", lambda: guarded_loop(
             ends.kafka_bootstrap, ends.redis_url, topic, total, args.batch)),
+        "(b+)": ("GuardedConsumer, outbox acks on", lambda: guarded_loop(
+            ends.kafka_bootstrap, ends.redis_url, topic, total, args.batch, acked=sent)),
         "(c)": ("(a) + SET NX per message", set_nx_loop),
         "(p)": ("plain consumer + json.loads, plain topic", lambda: plain_loop(
             ends.kafka_bootstrap, plain_topic, total, args.batch, decode=json.loads)),
@@ -358,6 +398,8 @@ def main() -> None:
     print(f"(b)/(a)  median {med['(b)'] / med['(a)']:.2f}  min {low['(b)'] / low['(a)']:.2f}"
           f"   (target >= 0.55, median)")
     old = "(a')"
+    print(f"(b+)/(a) median {med['(b+)'] / med['(a)']:.2f}  min {low['(b+)'] / low['(a)']:.2f}"
+          f"   (outbox acknowledgements on)")
     print(f"(b)/(a') median {med['(b)'] / med[old]:.2f}  min {low['(b)'] / low[old]:.2f}")
     print(f"(b)/(c)  median {med['(b)'] / med['(c)']:.1f}  min {low['(b)'] / low['(c)']:.1f}"
           f"   (target >= 25)")

@@ -16,6 +16,10 @@ runs of ``bench.bench_producer``'s callback baseline):
   persist-first   GuardedProducer -> GuardedConsumer;
   delayed         GuardedProducer (delayed mode) -> GuardedConsumer.
 
+With ``--split`` three more say which side a tail is on: ``persist-first>plain`` and
+``delayed>plain`` (a GuardedProducer read by the plain ``poll()`` loop: the producer's share)
+and ``plain>guarded`` (the plain producer read by GuardedConsumer: the consumer's share).
+
 Both consumers use the same fetch settings (``fetch.wait.max.ms``, ``fetch.min.bytes``) and
 the same ``linger.ms`` on the producers. Rounds are interleaved (every pipeline at every rate,
 then again), since one point's tail moves with whatever else the machine did in those seconds.
@@ -56,6 +60,17 @@ from eoguard.store.keys import KeySpace
 FETCH = {"fetch.wait.max.ms": 10, "fetch.min.bytes": 1}
 STAMP = struct.Struct("<d")  # the payload: the message's due time, epoch seconds
 PIPELINES = ("plain", "persist-first", "delayed")
+SPLITS = ("persist-first>plain", "delayed>plain", "plain>guarded")
+
+
+def sides(pipeline: str) -> tuple[str, str]:
+    """The producer (``plain`` or a GuardedProducer mode) and the consumer (``plain`` or
+    ``guarded``) of ``pipeline``: ``a>b`` names both; ``plain`` is plain end to end, a mode
+    is that mode's GuardedProducer read by GuardedConsumer."""
+    if ">" in pipeline:
+        sender, reader = pipeline.split(">")
+        return sender, reader
+    return pipeline, "plain" if pipeline == "plain" else "guarded"
 
 
 def consume(pipeline: str, bootstrap: str, redis_url: str, prefix: str, topic: str,
@@ -81,7 +96,7 @@ def consume(pipeline: str, bootstrap: str, redis_url: str, prefix: str, topic: s
                 due_ns[message_id] = int(due * 1e9)
 
     deadline = time.monotonic() + 600
-    if pipeline == "plain":
+    if sides(pipeline)[1] == "plain":
         schema = fastavro.parse_schema(SchemaRegistry.default().get(ENVELOPE_SCHEMA).schema)
         consumer = Consumer(kafka)
         consumer.subscribe([topic])
@@ -122,7 +137,8 @@ def warm_up(send: Any, ready: Any) -> None:
 def send_all(pipeline: str, bootstrap: str, redis_url: str, prefix: str, topic: str,
              rate: float, count: int, ready: Any) -> None:
     """Warm up, then send ``count`` messages on the open-loop schedule of ``rate`` per second."""
-    if pipeline == "plain":
+    mode = sides(pipeline)[0]
+    if mode == "plain":
         producer = Producer({"bootstrap.servers": bootstrap, **KAFKA})
         encoder = PlainEncoder("bench-latency")
 
@@ -136,7 +152,7 @@ def send_all(pipeline: str, bootstrap: str, redis_url: str, prefix: str, topic: 
         producer.flush(60)
         return
     config = ProducerConfig(kafka={"bootstrap.servers": bootstrap, **KAFKA},
-                            redis=RedisConfig(url=redis_url), mode=pipeline,
+                            redis=RedisConfig(url=redis_url), mode=mode,
                             keyspace=KeySpace(prefix=prefix), default_ttl_s=600)
     with GuardedProducer(config) as guarded:
         warm_up(lambda payload: guarded.send(topic, payload), ready)
@@ -234,7 +250,11 @@ def main() -> None:
     parser.add_argument("--redis-url", help="Redis for eoguard (default: the local stack's)")
     parser.add_argument("--trace", action="store_true", help="trace the eoguard consumers and "
                         "print where their tail messages spent their time")
+    parser.add_argument("--split", action="store_true", help="also each side alone: the "
+                        "GuardedProducer read by a plain loop, and GuardedConsumer reading "
+                        "the plain producer")
     args = parser.parse_args()
+    pipelines = PIPELINES + (SPLITS if args.split else ())
     ends, _ = LocalStack().up()
     redis_url = args.redis_url or ends.redis_url
     max_rate = args.max_rate or callback_max_rate(ends.kafka_bootstrap)
@@ -245,14 +265,14 @@ def main() -> None:
     for round_no in range(1, args.rounds + 1):
         print(f"round {round_no} of {args.rounds}", flush=True)
         for label, rate in rates:
-            for pipeline in PIPELINES:
+            for pipeline in pipelines:
                 stalls = RedisStalls(redis_url)
                 lat, traced = point(pipeline, ends.kafka_bootstrap, redis_url, rate,
                                     args.seconds, args.trace)
                 seen, history = stalls.worst()
                 found.setdefault((label, pipeline), []).append(
                     (lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))]))
-                print(f"  {label:8s} {rate:8,.0f} msg/s  {pipeline:14s} {summary(lat)}"
+                print(f"  {label:8s} {rate:8,.0f} msg/s  {pipeline:19s} {summary(lat)}"
                       + (f"  [Redis stalls: {seen}]" if seen else ""), flush=True)
                 if traced is not None:
                     print("\n".join(f"    {line}" for line in report(traced, seen, history)),
@@ -261,10 +281,10 @@ def main() -> None:
           "plain in the same round as min / median")
     for label, rate in rates:
         plain = found[(label, "plain")]
-        for pipeline in PIPELINES:
+        for pipeline in pipelines:
             got = found[(label, pipeline)]
             p50s, p99s = [p for p, _ in got], [p for _, p in got]
-            line = (f"{label:8s} {rate:8,.0f} msg/s  {pipeline:14s} p50 {_mm(p50s)}  "
+            line = (f"{label:8s} {rate:8,.0f} msg/s  {pipeline:19s} p50 {_mm(p50s)}  "
                     f"p99 {_mm(p99s)}")
             if pipeline != "plain":
                 pairs = list(zip(got, plain, strict=True))
