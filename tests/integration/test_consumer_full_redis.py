@@ -27,6 +27,18 @@ from tests.consumer_kit import consumer_config
 pytestmark = pytest.mark.integration
 
 
+def two_retries(kafka_bootstrap: str, private_redis: RedisServer, topic: str,
+                new_topic: Callable[..., str], key_prefix: str,
+                handler: Callable[[HandlerContext], None], *,
+                backoff_s: tuple[float, float]) -> GuardedConsumer:
+    """A consumer of ``topic`` on the private Redis that dead-letters a message after two
+    retries, ``backoff_s`` (first, most) apart."""
+    config = consumer_config(kafka_bootstrap, private_redis.address, [topic], prefix=key_prefix,
+                             dead_letter_topic=new_topic(1, prefix="dlq"), max_retries=2,
+                             retry_backoff_s=backoff_s[0], retry_backoff_max_s=backoff_s[1])
+    return GuardedConsumer(config, handler=handler)
+
+
 def test_a_done_mark_refused_for_memory_is_retried_not_dead_lettered(
         kafka_bootstrap: str, private_redis: RedisServer, new_topic: Callable[..., str],
         key_prefix: str) -> None:
@@ -49,10 +61,8 @@ def test_a_done_mark_refused_for_memory_is_retried_not_dead_lettered(
         admin.config_set("maxmemory", str(max(1, used // 2)))  # full: every write refused
         threading.Timer(0.3, lambda: admin.config_set("maxmemory", "0")).start()
 
-    config = consumer_config(kafka_bootstrap, private_redis.address, [topic], prefix=key_prefix,
-                             dead_letter_topic=new_topic(1, prefix="dlq"), max_retries=2,
-                             retry_backoff_s=1.0, retry_backoff_max_s=1.0)
-    consumer = GuardedConsumer(config, handler=handler)
+    consumer = two_retries(kafka_bootstrap, private_redis, topic, new_topic, key_prefix,
+                           handler, backoff_s=(1.0, 1.0))
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -92,10 +102,8 @@ def test_an_effect_refused_for_its_type_is_counted_even_when_its_key_quotes_oom(
         admin.set(key, "a string")  # written by another part of the application
         ctx.tx.hset(key, mapping={"orders": 1})
 
-    config = consumer_config(kafka_bootstrap, private_redis.address, [topic], prefix=key_prefix,
-                             dead_letter_topic=new_topic(1, prefix="dlq"), max_retries=2,
-                             retry_backoff_s=0.01, retry_backoff_max_s=0.05)
-    consumer = GuardedConsumer(config, handler=handler)
+    consumer = two_retries(kafka_bootstrap, private_redis, topic, new_topic, key_prefix,
+                           handler, backoff_s=(0.01, 0.05))
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not consumer.stats().dead_lettered:

@@ -24,16 +24,7 @@ import redis
 from eoguard.envelope import new_message_id, now_ms
 from eoguard.store.dedup import Claim, DedupStore, DoneResult, Effect, IdState, ReleaseResult, RenewResult
 from eoguard.store.keys import KeySpace
-from tests.dedup_kit import (
-    BUSY,
-    DUPLICATE,
-    GRACE_MS,
-    MINE,
-    NEW,
-    claim_of,
-    claim_results,
-    done_results,
-)
+from tests.dedup_kit import BUSY, DUPLICATE, GRACE_MS, MINE, NEW, claim_of, claim_results, done_results
 from tests.migration_kit import SlotMove, attempt, free_scope, show, slot_move, slot_of, steps
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(only=True)]

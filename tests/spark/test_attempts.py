@@ -103,6 +103,14 @@ def id_where(keys: KeySpace, fits: Callable[[int], bool]) -> str:
     return next(i for i in iter(new_message_id, "") if fits(keys.shard_of(i)))
 
 
+def x_and_two_others(keys: KeySpace) -> tuple[str, str, str]:
+    """X (a fresh id), an id off X's shard, and one off both their shards."""
+    x = new_message_id()
+    first = id_where(keys, lambda shard: shard != keys.shard_of(x))
+    second = id_where(keys, lambda shard: shard not in (keys.shard_of(x), keys.shard_of(first)))
+    return x, first, second
+
+
 def attempt(conf: ClaimSettings, task: Task) -> dict[str, str]:
     """One attempt of the task: the real claim pass over its input; each row's status."""
     [statuses] = claim_partition(conf, iter([task.rows()]))
@@ -194,16 +202,11 @@ def test_a_row_the_committed_attempt_gave_up_stays_the_consumers_after_the_done_
     Step 5. The driver marks the token done.
     Step 6. X must be in S1's output or still the consumer's to handle (not DUPLICATE)."""
     keys = KeySpace(prefix=key_prefix, shards=SHARDS)
-    x = new_message_id()
-    shard_x = keys.shard_of(x)
-    other = id_where(keys, lambda shard: shard != shard_x)
-    task = Task({
-        "other_1": other,
-        "x": x,
-        "beside_x": id_where(keys, lambda shard: shard == shard_x),  # a record of X's shard
-        "other_2": id_where(keys, lambda shard: shard not in (shard_x, keys.shard_of(other))),
-        "done_before": id_where(keys, lambda shard: shard != shard_x),
-    })
+    x, other_1, other_2 = x_and_two_others(keys)
+    on_x = id_where(keys, lambda shard: shard == keys.shard_of(x))  # a record of X's shard
+    off_x = id_where(keys, lambda shard: shard != keys.shard_of(x))
+    task = Task({"other_1": other_1, "x": x, "beside_x": on_x, "other_2": other_2,
+                 "done_before": off_x})
     consumer = consumer_store(redis_client, key_prefix)
     conf = settings(redis_url, key_prefix)
 
@@ -236,14 +239,10 @@ def test_an_attempt_after_the_done_mark_leaves_no_open_claim_where_the_token_too
             nobody now.
     Step 6. A consumer claiming X gets NEW, and no batch record of the token is open."""
     keys = KeySpace(prefix=key_prefix, shards=SHARDS)
-    x = new_message_id()
-    shard_x = keys.shard_of(x)
-    first = id_where(keys, lambda shard: shard != shard_x)
+    x, other_1, other_2 = x_and_two_others(keys)
     task = Task({
-        "other_1": first,
-        "x": x,
-        "other_2": id_where(keys, lambda shard: shard not in (shard_x, keys.shard_of(first))),
-        "y": id_where(keys, lambda shard: shard == shard_x),
+        "other_1": other_1, "x": x, "other_2": other_2,
+        "y": id_where(keys, lambda shard: shard == keys.shard_of(x)),
     })
     consumer = consumer_store(redis_client, key_prefix)
     conf = settings(redis_url, key_prefix)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from eoguard.modes import KeepUntil
+from eoguard.store import dedup_types
 from eoguard.store.bindings.dedup import (
     ClaimArgs,
     ClaimGroup,
@@ -37,15 +38,7 @@ from eoguard.store.bindings.outbox import (
     ShardIds,
     StoredArgs,
 )
-from eoguard.store.dedup_types import (
-    Claim,
-    ClaimResult,
-    DoneReport,
-    DoneResult,
-    Effect,
-    ReleaseResult,
-    RenewResult,
-)
+from eoguard.store.dedup_types import Claim, ClaimResult, DoneResult, Effect, ReleaseResult
 from eoguard.store.outbox_types import OutboxRecord, record_body
 
 GRACE = 5
@@ -186,7 +179,8 @@ def test_release_and_renew() -> None:
     assert DedupRenew.contract.keys.split(call.keys, {"n": 2}) == {"record": ["r1", "r2"]}
     assert DedupRenew.contract.argv.split(call.args, {}) == {"lease_ms": [0]}
     assert DedupRenew.parse([b"2", b"10"], [[1], [2, 0]], 3) == [
-        RenewResult.ABSENT, RenewResult.DONE, RenewResult.RENEWED]
+        dedup_types.RenewResult.ABSENT, dedup_types.RenewResult.DONE,
+        dedup_types.RenewResult.RENEWED]
 
 
 def entry(n: int, expires_at_ms: int = 5_000) -> OutboxRecord:
@@ -274,5 +268,5 @@ def test_liveness() -> None:
     ("", False),
 ])
 def test_a_refusal_for_memory_is_judged_by_the_error_redis_gave(reason: str, full: bool) -> None:
-    report = DoneReport([DoneResult.EFFECT_ERROR], {0: reason})
+    report = dedup_types.DoneReport([DoneResult.EFFECT_ERROR], {0: reason})
     assert report.refused_for_memory(0) is full
