@@ -1,6 +1,7 @@
 """Keeping secrets out of logs, reprs, tables and error messages.
 
-Every place that shows a configuration or a URL goes through these two functions.
+Every place that shows a configuration, a URL or an error quoting a configuration goes
+through these functions.
 """
 
 from __future__ import annotations
@@ -37,3 +38,12 @@ def redact_url(url: str) -> str:
         rest = f"{shown}{rest[at:]}"
     rest = _SECRET_QUERY.sub(rf"\1{REDACTED}", rest)
     return f"{scheme}{sep}{rest}"
+
+
+def scrub(text: str, conf: Mapping[str, Any]) -> str:
+    """``text`` (a client library's error message) with every value of ``conf``'s secret keys
+    replaced by ``'***'``: librdkafka quotes the value it refuses ("Invalid value ...")."""
+    for key, value in conf.items():
+        if _SECRET_KEY.search(key) and isinstance(value, str) and value:
+            text = text.replace(value, REDACTED)
+    return text

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-from eoguard.cli import dedup, demo, outbox, stack, status
+from eoguard.cli import browse, dedup, demo, outbox, stack, status
 from eoguard.cli.context import BadInputError, CliContext, EoguardGroup
 from eoguard.errors import ConfigError
 from eoguard.store.keys import DEFAULT_PREFIX, DEFAULT_SHARDS, KeySpace
@@ -48,7 +48,7 @@ def _check_prefix(ctx: click.Context, param: click.Parameter, value: str) -> str
 @click.pass_context
 def cli(ctx: click.Context, redis_url: str | None, prefix: str, shards: int | None,
         as_json: bool) -> None:
-    """Inspect and repair eoguard's Redis state; run the local stack and the demo."""
+    """Inspect and repair eoguard's Redis state, browse topics; run the local stack and the demo."""
     obj = CliContext(redis_url=redis_url or default_redis_url(), prefix=prefix, shards=shards,
                      as_json=as_json, redis_url_explicit=redis_url is not None and
                      ctx.get_parameter_source("redis_url") is click.core.ParameterSource.COMMANDLINE)
@@ -56,7 +56,7 @@ def cli(ctx: click.Context, redis_url: str | None, prefix: str, shards: int | No
     ctx.call_on_close(obj.close)
 
 
-for _command in (status.status, outbox.outbox, dedup.dedup, stack.stack, demo.demo):
+for _command in (status.status, outbox.outbox, dedup.dedup, browse.browse, stack.stack, demo.demo):
     cli.add_command(_command)
 
 

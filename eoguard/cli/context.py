@@ -133,6 +133,11 @@ class CliContext:
             self._client = client
         return self._client
 
+    def server_ms(self) -> int:
+        """Redis's clock in epoch milliseconds: TTLs and leases are judged by it, not ours."""
+        seconds, micros = self.client().time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
     def close(self) -> None:
         if self._client is not None:
             self._client.close()

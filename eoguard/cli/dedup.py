@@ -61,8 +61,7 @@ def _lookup(cli: CliContext, message_id: str, scope: str) -> tuple[DedupStore, D
     if entry is None:
         raise NotFoundError(f"no claim key for id {message_id} in scope {scope!r} "
                             "(not seen by the scope, or expired)")
-    seconds, micros = cli.client().time()
-    return store, entry, int(seconds) * 1000 + int(micros) // 1000
+    return store, entry, cli.server_ms()
 
 
 def _lease(batch: dict[str, Any]) -> str | None:

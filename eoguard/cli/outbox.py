@@ -30,11 +30,6 @@ def outbox() -> None:
 outbox.add_command(resend)
 
 
-def server_ms(cli: CliContext) -> int:
-    seconds, micros = cli.client().time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
 def is_stuck(rec: RecordSummary, live: LiveSet, now_ms: int) -> bool:
     """Pending and due for resend, or its owner is gone (the rule recovery applies)."""
     return rec.state is RecordState.PENDING and (
@@ -68,7 +63,7 @@ def list_records(cli: CliContext, *, topic: tuple[str, ...], state: str | None, 
                  stuck: bool, limit: int) -> None:
     """List outbox records (one SCAN pass, oldest first) with filters."""
     client = cli.client()
-    now = server_ms(cli)
+    now = cli.server_ms()
     live = Liveness(client, cli.keys).live()
     matched: list[RecordSummary] = []
     with render.progress(cli) as progress:
@@ -118,7 +113,7 @@ def show(cli: CliContext, message_id: str) -> None:
     if rec is None:
         raise NotFoundError(f"no outbox record for id {message_id} under prefix {cli.prefix!r} "
                             "(never written, already consumed, or expired)")
-    now = server_ms(cli)
+    now = cli.server_ms()
     expire_at = box.expire_times([message_id])[message_id]
     live = Liveness(client, cli.keys).live()
     record: dict[str, Any] = {

@@ -11,26 +11,17 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 from typing import Any
 
 import click
 
 from eoguard.cli import render
 from eoguard.cli.context import CliContext, CliError, NotFoundError, json_option, message_ids, pass_cli
+from eoguard.cli.kafka_options import kafka_config, kafka_options
 from eoguard.store.liveness import Liveness
 from eoguard.store.outbox import Outbox, RecordState
 from eoguard.store.outbox_admin import scan_records
-
-
-def default_bootstrap() -> str:
-    from eoguard.stack import LocalStack  # noqa: PLC0415 - only resend needs Kafka
-
-    return LocalStack().endpoints().kafka_bootstrap
-
-
-def _server_ms(cli: CliContext) -> int:
-    seconds, micros = cli.client().time()
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def _candidates(cli: CliContext, ids: tuple[str, ...], stuck: bool) -> tuple[list[str], list[dict[str, str]]]:
@@ -38,7 +29,7 @@ def _candidates(cli: CliContext, ids: tuple[str, ...], stuck: bool) -> tuple[lis
     client = cli.client()
     if stuck:
         live = Liveness(client, cli.keys).live()
-        now = _server_ms(cli)
+        now = cli.server_ms()
         found = [r.id for batch in scan_records(client, cli.keys) for r in batch
                  if r.state is RecordState.PENDING
                  and (r.next_resend_at_ms <= now or not live.is_live(r.owner))]
@@ -65,21 +56,23 @@ def _candidates(cli: CliContext, ids: tuple[str, ...], stuck: bool) -> tuple[lis
 @click.argument("ids", nargs=-1, metavar="[ID]...", callback=message_ids)
 @click.option("--stuck", is_flag=True,
               help="Every pending record past its resend time or whose owner's lease lapsed.")
-@click.option("--bootstrap-servers", envvar="EOGUARD_KAFKA_BOOTSTRAP", show_envvar=True, default=None,
-              help="Kafka to resend to [default: the local stack's, 127.0.0.1:19092].")
 @click.option("--timeout", "timeout_s", default=30.0, show_default=True, type=click.FloatRange(1),
               help="Seconds to wait for Kafka's acknowledgements.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--dry-run", is_flag=True, help="List what would be resent, resend nothing.")
+@kafka_options
 @json_option
 @pass_cli
-def resend(cli: CliContext, ids: tuple[str, ...], *, stuck: bool, bootstrap_servers: str | None,
-           timeout_s: float, yes: bool, dry_run: bool) -> None:
+def resend(cli: CliContext, ids: tuple[str, ...], *, stuck: bool, timeout_s: float, yes: bool,
+           dry_run: bool, bootstrap_servers: str | None, config_file: Path | None,
+           overrides: tuple[str, ...]) -> None:
     """Resend stuck outbox records (or the named ones) through the producer's recovery.
 
     Named ids are resent whoever owns them (an operator's decision); published, consumed and
     expired records never are. A duplicate this creates is dropped by each consumer scope.
+    Kafka's client settings: -b, -F FILE and -X key=value, as kcat takes them.
     """
+    conf = kafka_config(bootstrap_servers, config_file, overrides)
     if bool(ids) == stuck:
         raise click.UsageError("give message ids or --stuck (one of the two)")
     take, skipped = _candidates(cli, ids, stuck)
@@ -94,23 +87,24 @@ def resend(cli: CliContext, ids: tuple[str, ...], *, stuck: bool, bootstrap_serv
         if cli.as_json:
             raise click.UsageError("resend with --json needs --yes (no prompt in script mode)")
         click.confirm(f"resend {len(take):,} outbox record(s) to Kafka?", abort=True, err=True)
-    data.update(_run(cli, take if ids else None, bootstrap_servers or default_bootstrap(), timeout_s))
+    data.update(_run(cli, take if ids else None, conf, timeout_s))
     lines = [f"claimed {data['claimed']:,}, handed {data['resent']:,} to Kafka, "
              f"{data['unacknowledged']:,} not acknowledged within {timeout_s:g} s"]
     lines += [f"  skipped {s['id']}: {s['reason']}" for s in skipped]
     render.show(cli, data, "\n".join(lines))
     if data["unacknowledged"]:
         raise CliError(f"{data['unacknowledged']} resend(s) not acknowledged by Kafka at "
-                       f"{bootstrap_servers or default_bootstrap()}; they stay pending and are "
+                       f"{conf['bootstrap.servers']}; they stay pending and are "
                        "resent again after resend_after")
 
 
-def _run(cli: CliContext, ids: list[str] | None, bootstrap: str, timeout_s: float) -> dict[str, int]:
+def _run(cli: CliContext, ids: list[str] | None, conf: dict[str, str], timeout_s: float
+         ) -> dict[str, int]:
     from eoguard.config import ProducerConfig, RedisConfig  # noqa: PLC0415
     from eoguard.producer.guarded import GuardedProducer  # noqa: PLC0415
 
     config = ProducerConfig(
-        kafka={"bootstrap.servers": bootstrap, "message.timeout.ms": int(timeout_s * 1000)},
+        kafka={**conf, "message.timeout.ms": int(timeout_s * 1000)},
         redis=RedisConfig(url=cli.redis_url), keyspace=cli.keys, recover_on_start=False,
         recover_interval_s=86_400.0, instance_id=f"eoguard-cli@{socket.gethostname()}:{os.getpid()}")
     producer = GuardedProducer(config)

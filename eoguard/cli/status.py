@@ -120,11 +120,6 @@ def _memory(cli: CliContext, redis_keys: Sequence[str]) -> dict[str, int]:
     return {key: int(n or 0) for key, n in zip(redis_keys, pipe.execute(), strict=True)}
 
 
-def _server_ms(cli: CliContext) -> int:
-    seconds, micros = cli.client().time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
 @dataclass
 class ScanBatch:
     """One SCAN call's names under the prefix, sorted by what they are."""
@@ -151,7 +146,7 @@ def collect(cli: CliContext, *, scope: str | None, count: int, memory: bool) -> 
     """Scan the key space once and return the status as plain data."""
     client = cli.client()
     keys = cli.keys
-    now = _server_ms(cli)
+    now = cli.server_ms()
     outbox, dedup = OutboxTally(), DedupTally()
     all_keys = total_bytes = 0
     with render.progress(cli) as progress:

@@ -6,7 +6,7 @@ import pytest
 
 from eoguard.config import RedisConfig
 from eoguard.errors import ConfigError
-from eoguard.redaction import redact, redact_url
+from eoguard.redaction import redact, redact_url, scrub
 
 
 @pytest.mark.parametrize(("url", "shown"), [
@@ -38,3 +38,10 @@ def test_redis_config_repr_and_errors_hide_the_password() -> None:
     with pytest.raises(ConfigError) as caught:
         config.connect()
     assert "hunter" not in str(caught.value)
+
+
+def test_scrub_replaces_secret_values_quoted_in_an_error() -> None:
+    conf = {"sasl.password": "pw-123", "security.protocol": "pw-123", "client.id": "app"}
+    text = 'Invalid value "pw-123" for configuration property "security.protocol" (app)'
+    assert scrub(text, conf) == ('Invalid value "***" for configuration property '
+                                 '"security.protocol" (app)')

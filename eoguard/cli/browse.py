@@ -1,0 +1,231 @@
+"""``eoguard browse TOPIC``: a topic's records as kcat shows them, with eoguard's view beside
+each: the message id, its expiry, its state in each ``--scope`` (the dedup keys, read through
+:mod:`eoguard.store.dedup_admin`), and the payload decoded.
+
+A value is read by its first bytes: ``C3 01`` an eoguard envelope (its payload through the
+local schemas), ``00`` + a 4-byte schema id a Schema-Registry-framed value (through the
+registry). Anything else, or a value that fails to decode, is shown as a bad record with the
+reason; the browse goes on.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+from confluent_kafka import Message
+from rich.markup import escape
+
+from eoguard.cli import render
+from eoguard.cli.context import CliContext, CliError, json_option, pass_cli
+from eoguard.cli.kafka_options import kafka_config, kafka_options, shown
+from eoguard.cli.registry_values import RegistryValues
+from eoguard.codec import MAGIC, EnvelopeCodec, PayloadCodec
+from eoguard.errors import CodecError
+from eoguard.kafka.reader import Offset, TopicReader
+from eoguard.store.dedup_admin import read_entries
+from eoguard.store.dedup_types import IdState
+
+REGISTRY_MAGIC = 0
+PREVIEW_CHARS = 120  # a payload's width in the table (--json shows it whole)
+
+
+@dataclass
+class Row:
+    """One record as the browser shows it."""
+
+    partition: int
+    offset: int
+    key: str | None
+    format: str  # envelope, registry, bad
+    id: str | None = None
+    expires_at_ms: int | None = None
+    schema: str | None = None
+    payload: Any = None
+    error: str | None = None
+    states: dict[str, str] = field(default_factory=dict)
+
+    def as_data(self, now_ms: int | None) -> dict[str, Any]:
+        return {
+            "partition": self.partition, "offset": self.offset, "key": self.key,
+            "format": self.format, "id": self.id,
+            "expires_at": render.iso_ms(self.expires_at_ms),
+            "expired": (None if self.expires_at_ms is None or now_ms is None
+                        else self.expires_at_ms <= now_ms),
+            "schema": self.schema, "payload": self.payload, "error": self.error,
+            "dedup": self.states,
+        }
+
+
+class Decoder:
+    """Turns one Kafka record into a :class:`Row`, never raising for a bad record."""
+
+    def __init__(self, registry: Callable[[], RegistryValues]) -> None:
+        self._envelopes = EnvelopeCodec()
+        self._payloads = PayloadCodec(self._envelopes.registry)
+        self._registry_factory = registry
+        self._registry: RegistryValues | None = None
+
+    def row(self, message: Message) -> Row:
+        value = message.value()
+        row = Row(partition=message.partition() or 0, offset=message.offset() or 0,
+                  key=_text(message.key()), format="bad")
+        if value is None:
+            row.error = "no value (a tombstone)"
+        elif value[:2] == MAGIC:
+            self._envelope(value, row)
+        elif len(value) > 5 and value[0] == REGISTRY_MAGIC:
+            self._framed(value, row)
+        else:
+            row.error = (f"neither an eoguard envelope (C3 01) nor Schema Registry framed "
+                         f"(00 + schema id): starts with {value[:2].hex() or 'nothing'}")
+        return row
+
+    def _envelope(self, value: bytes, row: Row) -> None:
+        try:
+            env = self._envelopes.decode(value)
+        except CodecError as exc:
+            row.error = f"envelope: {exc}"
+            return
+        row.format, row.id, row.expires_at_ms = "envelope", env.id, env.expires_at_ms
+        row.schema = env.payload_schema
+        try:
+            row.payload = jsonable(self._payloads.decode_envelope(env))
+        except CodecError as exc:  # the envelope is fine; its payload is not readable here
+            row.error = f"payload: {exc}"
+
+    def _framed(self, value: bytes, row: Row) -> None:
+        if self._registry is None:
+            self._registry = self._registry_factory()
+        try:
+            obj, row.schema = self._registry.decode(value)
+        except CodecError as exc:
+            row.error = f"registry: {exc}"
+            return
+        row.format, row.payload = "registry", jsonable(obj)
+
+    def close(self) -> None:
+        if self._registry is not None:
+            self._registry.close()
+
+
+def jsonable(value: Any) -> Any:
+    """A decoded payload as JSON shows it: bytes as UTF-8 text (else base64), times in
+    ISO-8601, decimals and UUIDs as text."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return _text(bytes(value))
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, (decimal.Decimal, uuid.UUID)):
+        return str(value)
+    return value
+
+
+def _text(data: bytes | str | None) -> str | None:
+    if data is None or isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "base64:" + base64.b64encode(data).decode("ascii")
+
+
+def _dedup_states(cli: CliContext, rows: list[Row], scopes: Iterable[str]) -> int:
+    """Fill each row's state per scope (``new`` when the scope holds no claim key for it);
+    return Redis's clock, which the states were judged by."""
+    client = cli.client()
+    keys = cli.keys
+    ids = sorted({row.id for row in rows if row.id is not None})
+    states: dict[tuple[str, str], str] = {}
+    now = cli.server_ms()
+    for scope in scopes:
+        for entry in read_entries(client, keys, [keys.dedup(scope, mid) for mid in ids]):
+            states[(scope, entry.message_id)] = entry.id_state(now).value
+    for row in rows:
+        if row.id is not None:
+            row.states = {scope: states.get((scope, row.id), IdState.NEW.value) for scope in scopes}
+    return now
+
+
+@click.command()
+@click.argument("topic")
+@click.option("--partition", "-p", "partitions", multiple=True, type=click.IntRange(0),
+              help="Only this partition (repeatable) [default: all].")
+@click.option("--offset", "-o", "offset", default="beginning", show_default=True,
+              metavar="beginning|end|N|-N",
+              help="Where each partition starts: its beginning, its end, offset N, or N "
+                   "records before the end.")
+@click.option("--count", "-c", type=click.IntRange(1), default=None,
+              help="Stop after this many records [default: read to the end].")
+@click.option("--scope", "-s", "scopes", multiple=True,
+              help="Show each record's dedup state in this consumer scope (repeatable).")
+@click.option("--schema-registry-url", envvar="EOGUARD_SCHEMA_REGISTRY_URL", show_envvar=True,
+              default=None, metavar="URL",
+              help="Schema Registry for framed values [default: the local stack's].")
+@click.option("--timeout", "timeout_s", default=30.0, show_default=True, type=click.FloatRange(1),
+              help="Seconds to wait for Kafka without progress.")
+@kafka_options
+@json_option
+@pass_cli
+def browse(cli: CliContext, topic: str, *, partitions: tuple[int, ...], offset: str,
+           count: int | None, scopes: tuple[str, ...], schema_registry_url: str | None,
+           timeout_s: float, bootstrap_servers: str | None, config_file: Any,
+           overrides: tuple[str, ...]) -> None:
+    """Show TOPIC's records: partition, offset, id, expiry, dedup state per --scope, payload.
+
+    Reads each partition (lowest first) from --offset to its end, without a consumer group
+    and without committing. Kafka's client settings: -b, -F FILE and -X key=value, as kcat
+    takes them (secrets are never shown).
+    """
+    conf = kafka_config(bootstrap_servers, config_file, overrides)
+    start = Offset.parse(offset)
+    decoder = Decoder(lambda: RegistryValues.connect(schema_registry_url))
+    reader = TopicReader(conf, timeout_s=timeout_s)
+    try:
+        wanted = _partitions(reader.partitions(topic), partitions, topic)
+        rows = [decoder.row(m) for m in reader.read(topic, wanted, start, count)]
+    finally:
+        reader.close()
+        decoder.close()
+    now = _dedup_states(cli, rows, scopes) if scopes else None
+    data = {"topic": topic, "client": shown(conf), "records": [r.as_data(now) for r in rows]}
+    render.show(cli, data, _table(topic, rows, scopes, now))
+
+
+def _partitions(existing: list[int], asked: tuple[int, ...], topic: str) -> list[int]:
+    missing = sorted(set(asked) - set(existing))
+    if missing:
+        raise CliError(f"topic {topic!r} has no partition {', '.join(map(str, missing))} "
+                       f"(it has {len(existing)})")
+    return sorted(set(asked)) if asked else existing
+
+
+def _table(topic: str, rows: list[Row], scopes: tuple[str, ...], now: int | None) -> Any:
+    columns = ["partition", "offset", "id", "expires at", *scopes, "payload"]
+    lines = []
+    for row in rows:
+        data = row.as_data(now)
+        expiry = data["expires_at"]
+        if expiry is not None and data["expired"]:
+            expiry += " (expired)"
+        body = row.payload if row.error is None else f"[{row.format}] {row.error}"
+        text = render.cell(body)
+        if len(text) > PREVIEW_CHARS:
+            text = text[:PREVIEW_CHARS - 1] + "…"
+        text = escape(text)  # the record's own text, never rich markup
+        lines.append([row.partition, row.offset, row.id, expiry,
+                      *(row.states.get(s) for s in scopes), text])
+    return render.table(f"{topic}: {len(rows)} record(s)", columns, lines)
+
+
+__all__ = ["browse"]
