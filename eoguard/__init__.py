@@ -12,7 +12,7 @@ from eoguard.codec import (
     PlainRecords,
     SchemaRegistry,
 )
-from eoguard.config import ConsumerConfig, ProducerConfig, RedisConfig
+from eoguard.config import ConsumerConfig, ProducerConfig, RedisConfig, SchemaRegistryConfig
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext, RedisTx
 from eoguard.consumer.state import ConsumerStats
@@ -49,8 +49,11 @@ from eoguard.errors import (
     PayloadEncodeError,
     PersistError,
     ProducerClosedError,
+    RegistryUnavailableError,
     ReplicationTimeoutError,
+    ReservedHeaderError,
     SchemaNotFoundError,
+    SchemaRefusedError,
     SecurityError,
     StackError,
     StateError,
@@ -60,8 +63,9 @@ from eoguard.errors import (
     StoreUnavailableError,
     UnavailableError,
     UnknownFingerprintError,
+    UnknownSchemaIdError,
 )
-from eoguard.modes import Durability, KeepUntil, PersistenceMode
+from eoguard.modes import Durability, KeepUntil, PersistenceMode, WireFormat
 from eoguard.producer.guarded import GuardedProducer
 from eoguard.producer.messages import MessageState, ProducerStats, SendHandle
 from eoguard.producer.recovery import RecoveryReport
@@ -116,9 +120,13 @@ __all__ = [
     "RecoveryReport",
     "RedisConfig",
     "RedisTx",
+    "RegistryUnavailableError",
     "ReplicationTimeoutError",
+    "ReservedHeaderError",
     "SchemaNotFoundError",
+    "SchemaRefusedError",
     "SchemaRegistry",
+    "SchemaRegistryConfig",
     "SecurityError",
     "SendHandle",
     "StackError",
@@ -130,6 +138,8 @@ __all__ = [
     "TraceRecord",
     "UnavailableError",
     "UnknownFingerprintError",
+    "UnknownSchemaIdError",
+    "WireFormat",
     "canonical_id",
     "derived_message_id",
     "message_id_for",

@@ -14,7 +14,7 @@ from typing import Any
 from eoguard.codec.plain import PlainRecords
 from eoguard.codec.rules import InputLimits
 from eoguard.errors import ConfigError
-from eoguard.modes import Durability, KeepUntil, PersistenceMode
+from eoguard.modes import Durability, KeepUntil, PersistenceMode, WireFormat
 from eoguard.redaction import redact, redact_url
 from eoguard.store.client import RedisClient, connect
 from eoguard.store.keys import KeySpace, check_scope
@@ -28,6 +28,8 @@ __all__ = [
     "PersistenceMode",
     "ProducerConfig",
     "RedisConfig",
+    "SchemaRegistryConfig",
+    "WireFormat",
     "redact",
 ]
 
@@ -139,6 +141,67 @@ class RedisConfig:
         return client
 
 
+# --- Schema Registry ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SchemaRegistryConfig:
+    """Where payload schemas are registered and fetched by id (the header wire format,
+    docs/design.md §3): a URL, or a client the application built (confluent-kafka's
+    ``SchemaRegistryClient`` or one with its methods).
+
+    ``options`` go to ``SchemaRegistryClient`` beside the URL (``basic.auth.user.info``,
+    ``ssl.ca.location``, ``timeout``, ...); they never appear in a ``repr``.
+    ``auto_register`` (producers only): register a payload schema under ``<topic>-value`` on
+    its first send; False requires it registered already (a refusal is a
+    :class:`~eoguard.errors.SchemaRefusedError` naming the subject).
+    """
+
+    url: str | None = None
+    client: Any = field(default=None, repr=False, compare=False)
+    options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    auto_register: bool = True
+
+    def __post_init__(self) -> None:
+        if (self.url is None) == (self.client is None):
+            raise ConfigError("SchemaRegistryConfig needs exactly one of url= or client=")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"Schema Registry url must start with http:// or https://, "
+                              f"got {_redact_url(self.url)!r}")
+        if not isinstance(self.auto_register, bool):
+            raise ConfigError("auto_register must be True or False")
+
+    def __repr__(self) -> str:
+        target = "client=<injected>" if self.client is not None else f"url={_redact_url(self.url)!r}"
+        return f"SchemaRegistryConfig({target}, auto_register={self.auto_register!r})"
+
+    def connect(self) -> Any:
+        """The injected client, or a confluent-kafka ``SchemaRegistryClient`` for ``url``
+        (the ``registry`` extra: ``confluent-kafka[avro,schemaregistry]``)."""
+        if self.client is not None:
+            return self.client
+        try:
+            from confluent_kafka.schema_registry import (  # noqa: PLC0415 - the registry extra
+                SchemaRegistryClient,
+            )
+        except ImportError as exc:
+            raise ConfigError(f"the header wire format needs confluent-kafka's Schema Registry "
+                              f"client: pip install 'eoguard[registry]' ({exc})") from exc
+        try:
+            return SchemaRegistryClient({"url": self.url, **self.options})
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"invalid Schema Registry configuration for "
+                              f"{_redact_url(self.url or '')}: {exc}") from None
+
+
+def _check_registry(registry: object, *, event_source: object = "-") -> None:
+    """The header format's settings are of their types (a producer's ``event_source`` too)."""
+    if registry is not None and not isinstance(registry, SchemaRegistryConfig):
+        raise ConfigError("schema_registry must be a SchemaRegistryConfig")
+    if not isinstance(event_source, str) or not event_source:
+        raise ConfigError("event_source must be a non-empty string (the ce_source header)")
+
+
 # --- Producer ----------------------------------------------------------------------------
 
 
@@ -158,6 +221,9 @@ class ProducerConfig:
     ``default_ttl_s`` and every ``send``'s TTL stay within the key prefix's ``max_ttl_ms``
     (:class:`KeySpace`), and headers and payloads within ``input_limits`` (set them as your
     consumers do): a consumer refuses what lies beyond, so ``send`` refuses it first.
+    ``wire_format`` (:class:`WireFormat`) is how records are written: the envelope (default)
+    or the header format, whose Avro payloads need ``schema_registry`` and whose ``ce_source``
+    header is ``event_source`` unless a send gives its own (docs/design.md §3).
     """
 
     kafka: Mapping[str, Any] = field(repr=False)
@@ -179,13 +245,18 @@ class ProducerConfig:
     keyspace: KeySpace = field(default_factory=KeySpace)
     input_limits: InputLimits = field(default_factory=InputLimits)
     instance_id: str | None = None
+    wire_format: WireFormat = WireFormat.ENVELOPE
+    schema_registry: SchemaRegistryConfig | None = None
+    event_source: str = "/eoguard"
 
     def __post_init__(self) -> None:
         try:
             object.__setattr__(self, "mode", PersistenceMode(self.mode))
             object.__setattr__(self, "keep_until", KeepUntil(self.keep_until))
+            object.__setattr__(self, "wire_format", WireFormat(self.wire_format))
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
+        _check_registry(self.schema_registry, event_source=self.event_source)
         if not isinstance(self.kafka, Mapping) or not self.kafka.get("bootstrap.servers"):
             raise ConfigError("kafka config must be a mapping with 'bootstrap.servers'")
         object.__setattr__(self, "kafka", dict(self.kafka))
@@ -288,6 +359,8 @@ class ConsumerConfig:
     too, their id and expiry given by its rules (docs/design.md §6, "Plain topics"); without
     it they are malformed. ``trace_messages`` > 0 keeps the stage stamps of that many messages
     last committed (:meth:`eoguard.GuardedConsumer.trace`); 0, the default, traces nothing.
+    ``schema_registry`` reads the Avro payloads of records in the header wire format (writer
+    schema by id); without it such records are malformed, raw-bytes ones are read anyway.
     """
 
     kafka: Mapping[str, Any] = field(repr=False)
@@ -310,6 +383,7 @@ class ConsumerConfig:
     instance_id: str | None = None
     plain_records: PlainRecords | None = None
     trace_messages: int = 0
+    schema_registry: SchemaRegistryConfig | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.kafka, Mapping) or not self.kafka.get("bootstrap.servers"):
@@ -339,6 +413,7 @@ class ConsumerConfig:
         _check_limits(self.keyspace, self.input_limits)
         if self.instance_id is not None and not self.instance_id:
             raise ConfigError("instance_id must be non-empty when given")
+        _check_registry(self.schema_registry)
         if self.plain_records is not None:
             if not isinstance(self.plain_records, PlainRecords):
                 raise ConfigError("plain_records must be a PlainRecords")

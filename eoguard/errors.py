@@ -8,6 +8,8 @@ root, three groups say what to do: fix the input, retry later, or re-read the st
     ├── InvalidInputError           bad input: fix what was passed; the same call fails again
     │   ├── ConfigError             invalid configuration, found at construction
     │   ├── InvalidMessageError     a send argument is invalid (empty topic, bad ttl, value type)
+    │   │   └── ReservedHeaderError     an application header takes a name the header format reserves
+    │   ├── SchemaRefusedError      Schema Registry refused a payload schema (incompatible, unregistered)
     │   ├── MessageTooLargeError    an encoded record exceeds the configured maximum
     │   └── CodecError              a Kafka record value or payload cannot be (de)coded
     │       ├── BadMagicError           value does not start with the Avro single-object marker C3 01
@@ -15,6 +17,7 @@ root, three groups say what to do: fix the input, retry later, or re-read the st
     │       ├── CorruptRecordError      body truncated or not valid Avro for its schema
     │       ├── SchemaNotFoundError     a payload schema named by a record or a caller is not loaded
     │       ├── PayloadEncodeError      a payload does not match the schema it is encoded with
+    │       ├── UnknownSchemaIdError    a registry-framed value names a schema id the registry lacks
     │       ├── InvalidEnvelopeError    decoded, but breaks an input rule (id, expiry, size)
     │       └── InvalidRecordError      a plain record whose deserializer or id/lifetime rule failed
     ├── UnavailableError            a service failed or cannot be reached: retry later, with backoff
@@ -27,6 +30,7 @@ root, three groups say what to do: fix the input, retry later, or re-read the st
     │   ├── BrokerError             Kafka refused or failed an operation
     │   │   └── BrokerUnavailableError  Kafka cannot be reached within the timeout
     │   │       └── BrokerSecurityError     Kafka refused the login, or its certificate is untrusted
+    │   ├── RegistryUnavailableError  Schema Registry cannot be reached or failed (5xx, timeout)
     │   ├── DeadLetterError         a record could not be routed to the dead-letter topic
     │   ├── PersistError            persist-first mode could not write the outbox
     │   └── BackpressureError       the in-memory queue stayed full past the send timeout
@@ -63,6 +67,28 @@ class ConfigError(InvalidInputError):
 
 class InvalidMessageError(InvalidInputError):
     """A ``send`` argument is invalid: empty topic, non-positive ttl, value of the wrong type."""
+
+
+class ReservedHeaderError(InvalidMessageError):
+    """A ``send`` header takes a name the header wire format reserves for eoguard's fields
+    (docs/design.md §3, "The header format"); ``header`` is the name."""
+
+    def __init__(self, message: str, *, header: str) -> None:
+        super().__init__(message)
+        self.header = header
+
+
+class SchemaRefusedError(InvalidInputError):
+    """Schema Registry refused a payload schema under ``subject``: incompatible with
+    ``version`` (the subject's latest, None if unknown), or not registered where the producer
+    registers nothing itself (``registered=False``). Fix the schema or register it."""
+
+    def __init__(self, message: str, *, subject: str, version: int | None,
+                 registered: bool = True) -> None:
+        super().__init__(message)
+        self.subject = subject
+        self.version = version
+        self.registered = registered
 
 
 class MessageTooLargeError(InvalidInputError):
@@ -104,6 +130,14 @@ class SchemaNotFoundError(CodecError):
 
 class PayloadEncodeError(CodecError):
     """A payload does not match the schema it is being encoded with."""
+
+
+class UnknownSchemaIdError(CodecError):
+    """A registry-framed value names a schema id Schema Registry does not have (``schema_id``)."""
+
+    def __init__(self, message: str, *, schema_id: int) -> None:
+        super().__init__(message)
+        self.schema_id = schema_id
 
 
 class InvalidEnvelopeError(CodecError):
@@ -192,6 +226,11 @@ class BrokerSecurityError(BrokerUnavailableError, SecurityError):
     """Kafka refused the SASL login, or its TLS certificate is not trusted (librdkafka's
     ``_AUTHENTICATION`` / ``_SSL`` errors); a GuardedConsumer's poll and a GuardedProducer's
     ``flush`` raise it."""
+
+
+class RegistryUnavailableError(UnavailableError):
+    """Schema Registry cannot be reached, timed out or failed (HTTP 5xx): retry later. A
+    consumer re-reads the record after a backoff; it never dead-letters it for this."""
 
 
 class DeadLetterError(UnavailableError):

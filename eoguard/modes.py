@@ -1,4 +1,5 @@
-"""The producer's persistence modes, the outbox record's lifetime and Redis durability.
+"""The producer's persistence modes and wire format, the outbox record's lifetime and Redis
+durability.
 
 A bottom-layer module (it imports nothing of eoguard): the store, the producer and the
 configuration all name these enums, and none of them should import another to do so.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["Durability", "KeepUntil", "PersistenceMode"]
+__all__ = ["Durability", "KeepUntil", "PersistenceMode", "WireFormat"]
 
 
 class PersistenceMode(str, enum.Enum):
@@ -43,3 +44,17 @@ class Durability(str, enum.Enum):
 
     LOCAL = "local"
     REPLICATED = "replicated"
+
+
+class WireFormat(str, enum.Enum):
+    """How a producer writes a message into a Kafka record (docs/design.md §3).
+
+    ``ENVELOPE``: the value is eoguard's Avro envelope (single-object encoding), the payload
+    nested in it; only eoguard readers read it. ``HEADERS``: the value is the payload alone,
+    as a Schema Registry serializer writes it (magic byte 0, 4-byte schema id, Avro body) or
+    the raw bytes, and eoguard's fields travel as CloudEvents-style Kafka headers; any
+    registry client reads it. Every eoguard reader reads both, record by record.
+    """
+
+    ENVELOPE = "envelope"
+    HEADERS = "headers"

@@ -19,6 +19,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from eoguard.callbacks import awaitable_refused
 from eoguard.codec import EnvelopeHeads, check_envelope, read_plain
+from eoguard.codec.headers import header_envelope, header_payload, read_headers
 from eoguard.config import ConsumerConfig
 from eoguard.consumer.dead_letter import DeadLetterReason, DeadLetterRouter
 from eoguard.consumer.handler import (
@@ -84,6 +85,7 @@ class BatchProcessor:
         self._topics: dict[str, str] = {}  # topic -> its length-prefixed part of a position
         self._plain = config.plain_records
         self._heads = EnvelopeHeads(env.codec.registry)
+        self._framed = None if env.framed is None else env.framed.decode
         self.stats = ConsumerStats()
 
     # Steps 2 and 3 ---------------------------------------------------------------------
@@ -97,13 +99,21 @@ class BatchProcessor:
         shards, crc32 = len(prefixes), zlib.crc32
         decode, payload_of, new_tuple = self._codec.decode, self._payloads.decode, tuple.__new__
         max_ttl_ms, limits = self.config.keyspace.max_ttl_ms, self._limits
-        plain, is_envelope = self._plain, self._heads.holds
+        plain, is_envelope, framed = self._plain, self._heads.holds, self._framed
         for msg in msgs:
             topic, partition, offset = msg.topic() or "", msg.partition() or 0, msg.offset() or 0
             ends[topic, partition] = offset + 1
             value = msg.value()
             try:  # Step 2. Untrusted input: checked (id normalised) before any key is built.
-                if plain is None or is_envelope(value):  # one cheap check picks the path
+                headers = msg.headers()  # None for an envelope eoguard wrote: no headers
+                fields = read_headers(headers) if headers else None
+                if fields is not None:  # the header format (docs/design.md §3)
+                    envelope = check_envelope(header_envelope(fields, value), now_ms=now,
+                                              max_ttl_ms=max_ttl_ms, limits=limits)
+                    # An expired record is dropped below: its payload is not fetched for it.
+                    payload = (header_payload(fields, value, framed)
+                               if envelope.expires_at_ms > now else None)
+                elif plain is None or is_envelope(value):  # one cheap check picks the path
                     envelope = check_envelope(decode(value), now_ms=now, max_ttl_ms=max_ttl_ms,
                                               limits=limits)
                     schema = envelope.payload_schema

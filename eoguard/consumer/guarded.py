@@ -61,6 +61,7 @@ from redis.cluster import RedisCluster
 
 from eoguard.callbacks import require_sync
 from eoguard.codec import EnvelopeCodec, PayloadCodec, SchemaRegistry
+from eoguard.codec.registry_payloads import RegistryPayloads
 from eoguard.config import ConsumerConfig
 from eoguard.consumer.batch import BatchProcessor
 from eoguard.consumer.dead_letter import DeadLetterRouter
@@ -116,8 +117,11 @@ class GuardedConsumer:
         self._dead = DeadLetterRouter(self._sink, topic=config.dead_letter, scope=config.scope)
         self.instance_id = config.instance_id or (
             f"{config.scope}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}")
+        framed = None if config.schema_registry is None else RegistryPayloads(
+            config.schema_registry.connect(), registry)
         env = ContextEnv(config.scope, config.keyspace, isinstance(self._redis, RedisCluster),
-                         self.instance_id, EnvelopeCodec(registry), PayloadCodec(registry))
+                         self.instance_id, EnvelopeCodec(registry), PayloadCodec(registry),
+                         framed)
         self._leases = BatchLeases(self._dedup, interval_s=config.lease_s / 3,
                                    max_hold_s=config.max_poll_interval_s)
         self._batch = BatchProcessor(config, dedup=self._dedup, outbox=self._outbox,

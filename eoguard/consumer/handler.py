@@ -25,6 +25,7 @@ from confluent_kafka import Message
 from redis.crc import key_slot
 
 from eoguard.codec import EnvelopeCodec, PayloadCodec
+from eoguard.codec.registry_payloads import RegistryPayloads
 from eoguard.envelope import Envelope, derived_message_id, now_ms
 from eoguard.errors import InvalidInputError
 from eoguard.store.dedup import Claim, Effect
@@ -122,6 +123,7 @@ class ContextEnv:
     producer_id: str
     codec: EnvelopeCodec
     payloads: PayloadCodec
+    framed: RegistryPayloads | None = None  # the header format's Avro payloads, by schema id
 
 
 @dataclass(slots=True)

@@ -48,6 +48,8 @@ class Producible(Protocol):
     def value(self) -> bytes: ...
     @property
     def key(self) -> bytes | None: ...
+    @property
+    def headers(self) -> Mapping[str, str] | None: ...
     def delivered(self, err: Any, msg: Any) -> None: ...
 
 
@@ -109,14 +111,20 @@ class KafkaProducer:
 
     def produce_each(self, records: Iterable[Producible],
                      on_refused: Callable[[Producible, EoguardError], None]) -> int:
-        """:meth:`produce` each record in order (no headers; its ``delivered`` is the delivery
-        callback) until librdkafka's queue is full; returns how many it took. A record Kafka
-        refuses at once counts as taken and goes to ``on_refused`` with the error."""
+        """:meth:`produce` each record in order (with its headers, if any; its ``delivered``
+        is the delivery callback) until librdkafka's queue is full; returns how many it took.
+        A record Kafka refuses at once counts as taken and goes to ``on_refused`` with the
+        error."""
         produce = self._producer.produce
         taken = 0
         for rec in records:
             try:
-                produce(rec.topic, rec.value, rec.key, on_delivery=rec.delivered)
+                headers = rec.headers
+                if headers:
+                    produce(rec.topic, rec.value, rec.key, on_delivery=rec.delivered,
+                            headers=list(headers.items()))
+                else:
+                    produce(rec.topic, rec.value, rec.key, on_delivery=rec.delivered)
             except BufferError:
                 return taken
             except KafkaException as exc:

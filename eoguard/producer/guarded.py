@@ -1,7 +1,9 @@
 """GuardedProducer: Kafka producing with a Redis outbox, guaranteed callbacks and recovery.
 
-``send`` encodes the message as an Avro envelope (new time-ordered id, ``expires_at = now +
-ttl``, at most Redis's now + ``max_ttl``), takes room in the bounded in-memory queue and
+``send`` encodes the message as an Avro envelope, or in the header wire format (the value a
+Schema Registry serializer writes, eoguard's fields as headers; ``ProducerConfig.wire_format``)
+(new time-ordered id, ``expires_at = now + ttl``, at most Redis's now + ``max_ttl``), takes
+room in the bounded in-memory queue and
 returns a :class:`SendHandle` without waiting on the network. ``on_guaranteed`` fires
 exactly once, when the message is in the Redis outbox or acknowledged by Kafka with
 acks=all, whichever comes first (see :class:`eoguard.modes.PersistenceMode` for the two
@@ -25,6 +27,9 @@ from typing import Any
 
 from eoguard.callbacks import require_sync
 from eoguard.codec import EnvelopeCodec, PayloadCodec, SchemaRegistry
+from eoguard.codec.headers import app_headers, check_app_headers, write_headers
+from eoguard.codec.registry_payloads import RegistryPayloads
+from eoguard.codec.rules import header_bytes
 from eoguard.config import ProducerConfig
 from eoguard.envelope import new_message_id, now_ms
 from eoguard.errors import (
@@ -36,7 +41,7 @@ from eoguard.errors import (
     ProducerClosedError,
 )
 from eoguard.kafka.producer import KafkaProducer
-from eoguard.modes import PersistenceMode
+from eoguard.modes import PersistenceMode, WireFormat
 from eoguard.producer.callbacks import CallbackDispatcher
 from eoguard.producer.engine import ProducerEngine
 from eoguard.producer.ledger import Ledger
@@ -84,6 +89,10 @@ class GuardedProducer:
         registry = registry or SchemaRegistry.default()
         self._codec = EnvelopeCodec(registry)
         self._payloads = PayloadCodec(registry)
+        self._headers_format = config.wire_format is WireFormat.HEADERS
+        self._framed = (RegistryPayloads(config.schema_registry.connect(), registry,
+                                         auto_register=config.schema_registry.auto_register)
+                        if self._headers_format and config.schema_registry is not None else None)
         self._ttl_ms = int(config.default_ttl_s * 1000)
         self._max_ttl_ms = config.keyspace.max_ttl_ms
         self._payload_limit = config.input_limits.payload_bytes
@@ -147,7 +156,10 @@ class GuardedProducer:
         Raises :class:`InvalidMessageError` (also for a TTL beyond the key prefix's
         ``max_ttl_ms``, headers or payload beyond ``input_limits``, or an async callback),
         :class:`MessageTooLargeError`, :class:`SchemaNotFoundError` /
-        :class:`PayloadEncodeError`, :class:`BackpressureError` (queue full past
+        :class:`PayloadEncodeError`; in the header wire format also
+        :class:`ReservedHeaderError` (a header eoguard writes), :class:`SchemaRefusedError`
+        and :class:`RegistryUnavailableError` (the first send of a schema to a topic asks
+        Schema Registry for its id); :class:`BackpressureError` (queue full past
         ``send_timeout_s``), :class:`PersistError` (persist-first, queue full because the
         outbox is unreachable) or :class:`ProducerClosedError`.
         """
@@ -160,8 +172,11 @@ class GuardedProducer:
             require_sync(on_failed, "on_failed", error=InvalidMessageError)
         mid = new_message_id() if message_id is None else caller_message_id(message_id)
         ttl_ms = self._ttl_ms if ttl_s is None else max(1, int(ttl_s * 1000))
-        payload = (value if schema is None and value.__class__ is bytes
-                   else self._payloads.encode(value, schema))
+        if self._headers_format:
+            payload = self._framed_payload(topic, value, schema, headers)
+        else:
+            payload = (value if schema is None and value.__class__ is bytes
+                       else self._payloads.encode(value, schema))
         if len(payload) > self._payload_limit:
             raise InvalidMessageError(f"payload of {len(payload)} bytes is over "
                                       f"input_limits.payload_bytes ({self._payload_limit})")
@@ -171,12 +186,19 @@ class GuardedProducer:
         if expires > bound:  # never past max_ttl by Redis's clock (docs/design.md §5, Clocks)
             expires = bound
             created = min(created, bound)  # a clock ahead by over max_ttl: never after expiry
-        data = self._codec.encode_fields(  # the envelope, encoded without building it
-            mid, expires, created, producer=self.instance_id, attempt=1, payload_schema=schema,
-            payload=payload, headers=dict(headers) if headers else _NO_HEADERS,
-            payload_fingerprint=None if schema is None
-            else self._payloads.writer_fingerprint(schema))
-        size = len(data) + (len(key) if key else 0)
+        record_headers = None
+        if self._headers_format:  # the value is the payload; eoguard's fields are headers
+            data = payload
+            record_headers = self._record_headers(mid, created, expires, schema, headers)
+        else:
+            data = self._codec.encode_fields(  # the envelope, encoded without building it
+                mid, expires, created, producer=self.instance_id, attempt=1,
+                payload_schema=schema, payload=payload,
+                headers=dict(headers) if headers else _NO_HEADERS,
+                payload_fingerprint=None if schema is None
+                else self._payloads.writer_fingerprint(schema))
+        size = len(data) + (len(key) if key else 0) + (
+            header_bytes(record_headers) if record_headers else 0)
         if size > self.config.max_message_bytes:
             raise MessageTooLargeError(
                 f"message of {size} bytes exceeds max_message_bytes "
@@ -184,19 +206,50 @@ class GuardedProducer:
         msg = PendingMessage(mid, topic, expires, self._done, key=key, value=data,
                              created_at_ms=created, created_mono=time.monotonic(),
                              on_guaranteed=on_guaranteed or self._on_guaranteed,
-                             on_failed=on_failed or self._on_failed, sink=self._sink)
+                             on_failed=on_failed or self._on_failed, sink=self._sink,
+                             headers=record_headers)
         self._ledger.send(msg, self.config.send_timeout_s, self._full_error, self._produce_now)
         self._sends += 1
         if not self._sends & 127:
             self._engine.serve_deliveries()
         return msg
 
+    def _framed_payload(self, topic: str, value: Any, schema: str | None,
+                        headers: Mapping[str, str] | None) -> bytes:
+        """The header format's record value: the payload framed for Schema Registry, or the
+        raw bytes (docs/design.md §3, "The header format")."""
+        check_app_headers(headers or _NO_HEADERS, raw=schema is None)
+        if schema is None:
+            return bytes(value)
+        if self._framed is None:
+            raise InvalidMessageError(f"schema {schema!r} in the header wire format needs "
+                                      "ProducerConfig.schema_registry")
+        return self._framed.encode(value, schema, topic=topic)
+
+    def _record_headers(self, message_id: str, created_ms: int, expires_ms: int,
+                        schema: str | None, app: Mapping[str, str] | None) -> dict[str, str]:
+        """The header format's Kafka headers; those a consumer counts as the application's
+        (all but the reserved ones) stay within ``input_limits``, as the envelope's do."""
+        headers = write_headers(message_id, created_ms, expires_ms, attempt=1,
+                                producer=self.instance_id, source=self.config.event_source,
+                                schema=schema, app=app)
+        limits = self.config.input_limits
+        counted = app_headers(headers)
+        size = header_bytes(counted)
+        if len(counted) > limits.header_count or size > limits.header_bytes:
+            raise InvalidMessageError(
+                f"{len(counted)} headers of {size} bytes (ce_source and ce_type included) "
+                f"exceed input_limits ({limits.header_count} headers, "
+                f"{limits.header_bytes} bytes)")
+        return headers
+
     def _produce_now(self, msg: PendingMessage) -> None:
         """delayed mode: hand the message to librdkafka from the caller's thread, waiting up
         to ``send_timeout_s`` while librdkafka's queue is full (the ledger withdraws it if
         this raises)."""
         deadline = 0.0
-        while not self._kafka.produce(msg.topic, msg.value, msg.key, on_delivery=msg.delivered):
+        while not self._kafka.produce(msg.topic, msg.value, msg.key, headers=msg.headers,
+                                      on_delivery=msg.delivered):
             if not deadline:
                 deadline = time.monotonic() + self.config.send_timeout_s
             elif time.monotonic() > deadline:

@@ -176,17 +176,16 @@ class PendingMessage(SendHandle):
     are the ledger's to change.
     """
 
-    __slots__ = ("created_at_ms", "created_mono", "key", "on_failed", "on_guaranteed", "sink",
-                 "size", "stage", "value")
+    __slots__ = ("created_at_ms", "created_mono", "headers", "key", "on_failed",
+                 "on_guaranteed", "sink", "size", "stage", "value")
 
-    headers: Mapping[str, str] | None = None  # Kafka record headers: send() sets none
     attempt: int = 1
 
     def __init__(self, message_id: str, topic: str, expires_at_ms: int,
                  done: threading.Condition, *, key: bytes | None, value: bytes,
                  created_at_ms: int, created_mono: float,
                  on_guaranteed: GuaranteedCallback | None, on_failed: FailedCallback | None,
-                 sink: ReportSink) -> None:
+                 sink: ReportSink, headers: Mapping[str, str] | None = None) -> None:
         # SendHandle's fields, set here (one call less per message).
         self.id = message_id
         self.topic = topic
@@ -196,6 +195,7 @@ class PendingMessage(SendHandle):
         self._done = done
         self.key = key
         self.value = value
+        self.headers = headers  # Kafka record headers: the header wire format's, else None
         self.size = len(value) + (len(key) if key else 0)
         self.created_at_ms = created_at_ms
         self.created_mono = created_mono

@@ -5,8 +5,9 @@ gone) or its delivery timed out (not marked published ``resend_after`` after it 
 written or last claimed). Published records are never in the index, so a slow consumer
 never causes a resend. Ownership is taken atomically per record (a compare-and-set in
 ``outbox_claim_for_resend.lua``), so two producers recovering at once never both resend one
-record. A resend keeps the message id and carries ``attempt + 1``; the consumer's dedup
-drops any duplicate it creates.
+record. A resend keeps the message id and carries ``attempt + 1`` (in the envelope, or in the
+``ce_eoguardattempt`` header of the header wire format, whose other headers the record
+keeps); the consumer's dedup drops any duplicate it creates.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from eoguard.codec import EnvelopeCodec
+from eoguard.codec.headers import ATTEMPT, MARKER
 from eoguard.errors import BrokerError, CodecError
 from eoguard.kafka.producer import KafkaProducer
 from eoguard.modes import KeepUntil
@@ -134,16 +136,22 @@ class Recovery:
     def _resend(self, rec: ClaimedRecord) -> bool | None:
         """True when handed to librdkafka, False when Kafka refused it, None when
         librdkafka's queue stayed full."""
-        try:
-            value = self.codec.encode(self.codec.decode(rec.value).with_attempt(rec.attempt))
-        except CodecError as exc:
-            # Not ours to judge: the consumer dead-letters what it cannot decode.
-            log.error("outbox record %s does not decode (%s); resending it unchanged", rec.id, exc)
+        headers = rec.headers or None
+        if headers is not None and MARKER in headers:  # the header format: attempt is a header
             value = rec.value
+            headers = {**headers, ATTEMPT: str(rec.attempt)}
+        else:
+            try:
+                value = self.codec.encode(self.codec.decode(rec.value).with_attempt(rec.attempt))
+            except CodecError as exc:
+                # Not ours to judge: the consumer dead-letters what it cannot decode.
+                log.error("outbox record %s does not decode (%s); resending it unchanged",
+                          rec.id, exc)
+                value = rec.value
         token = ResendToken(rec.id, rec.keep_until, self.sink)
         deadline = time.monotonic() + self.produce_timeout_s
         try:
-            while not self.kafka.produce(rec.topic, value, rec.key, headers=rec.headers or None,
+            while not self.kafka.produce(rec.topic, value, rec.key, headers=headers,
                                          on_delivery=token.delivered):
                 if time.monotonic() > deadline:
                     # Still claimed by us: due again after resend_after, then retried.

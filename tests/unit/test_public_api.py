@@ -59,7 +59,8 @@ def test_every_library_error_says_what_the_caller_does_next() -> None:
 def test_what_a_configuration_is_built_from_is_public() -> None:
     """The key space (the only way to set a prefix, shard count or max_ttl) and the enums of
     the configurations' fields are importable from ``eoguard`` itself."""
-    for name in ("KeySpace", "Durability", "PersistenceMode", "KeepUntil", "InputLimits"):
+    for name in ("KeySpace", "Durability", "PersistenceMode", "KeepUntil", "InputLimits",
+                 "WireFormat", "SchemaRegistryConfig"):
         assert name in eoguard.__all__, name
     assert eoguard.RedisConfig(url="redis://x:1/0").durability is eoguard.Durability.LOCAL
     config = eoguard.ProducerConfig(kafka={"bootstrap.servers": "k:9092"},

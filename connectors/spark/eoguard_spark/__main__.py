@@ -101,6 +101,12 @@ def parser() -> argparse.ArgumentParser:
     add("--plain-avro-framing", choices=[f.value for f in AvroFraming],
         help="registry: a magic byte 0 and a 4-byte schema id before the body (Confluent's "
              "AvroSerializer; the id is not looked up); none: the Avro body alone")
+    add("--schema-registry-url",
+        help="Schema Registry (Confluent API) to read records in the header wire format: the "
+             "source reads headers, Avro payloads are read by writer schema id (docs/design.md "
+             "§3); without it such records are dead letters")
+    add("--schema-registry-option", action="append", default=[], metavar="KEY=VALUE",
+        help="option of the Schema Registry client (e.g. basic.auth.user.info=u:p); repeatable")
     add("--master", default="local[2]", help="Spark master when not under spark-submit")
     add("--shuffle-partitions", type=int, default=4, help="spark.sql.shuffle.partitions")
     return p
@@ -117,13 +123,19 @@ def _text_or_file(value: str | None, option: str) -> str | None:
         raise ConfigError(f"{option} {value!r}: {exc}") from exc
 
 
-def options_from(args: argparse.Namespace) -> JobOptions:
-    kafka: dict[str, str] = {}
-    for item in args.kafka_option:
+def _pairs(items: list[str], option: str) -> dict[str, str]:
+    """``KEY=VALUE`` items as a dict; ConfigError naming ``option`` for any other item."""
+    out: dict[str, str] = {}
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"--kafka-option {item!r}: expected KEY=VALUE")
-        kafka[key] = value
+            raise ConfigError(f"{option} {item!r}: expected KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def options_from(args: argparse.Namespace) -> JobOptions:
+    kafka = _pairs(args.kafka_option, "--kafka-option")
     plain = None
     if args.plain_format is not None:
         if args.plain_id_namespace is None or args.plain_ttl_s is None:
@@ -149,7 +161,9 @@ def options_from(args: argparse.Namespace) -> JobOptions:
         busy_wait_s=args.busy_wait_s, claim_batch_size=args.claim_batch_size,
         dead_letter_expired=args.dead_letter_expired, ack_outbox=args.ack_outbox,
         idempotent_sink=args.idempotent_sink, kafka_options=kafka, query_name=args.query_name,
-        reader=args.reader, plain=plain, input_limits=InputLimits(
+        reader=args.reader, plain=plain, schema_registry_url=args.schema_registry_url,
+        schema_registry_options=_pairs(args.schema_registry_option, "--schema-registry-option"),
+        input_limits=InputLimits(
             payload_bytes=args.max_payload_bytes, header_count=args.max_headers,
             header_bytes=args.max_header_bytes, producer_chars=args.max_producer_chars,
             clock_skew_ms=round(args.clock_skew_s * 1000)))
@@ -166,8 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # pyspark is imported only now, so --help and option errors need no JVM.
     from pyspark.sql import SparkSession  # noqa: PLC0415
 
-    from eoguard_spark.acks import wait_for_acks  # noqa: PLC0415
-    from eoguard_spark.job import BatchStats, build_query, local_session  # noqa: PLC0415
+    from eoguard_spark.job import BatchStats, local_session, run  # noqa: PLC0415
 
     if os.environ.get("PYSPARK_GATEWAY_PORT"):  # under spark-submit: its master, its jars
         spark = SparkSession.builder.appName("eoguard-spark").getOrCreate()
@@ -177,18 +190,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     def report(stats: BatchStats) -> None:
         print(json.dumps({"batch": asdict(stats)}), flush=True)
 
-    try:
-        query = build_query(spark, options, on_batch=report)
+    try:  # until it stops; started again when a batch meets a new schema id (job.run)
+        run(options, spark=spark, on_batch=report)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except SecurityError as exc:  # a refused login, an untrusted certificate: one line
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    try:
-        query.awaitTermination()
-    finally:
-        wait_for_acks(query)  # the last batch's outbox acknowledgement runs in the background
     return 0
 
 

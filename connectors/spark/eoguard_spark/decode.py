@@ -41,7 +41,7 @@ from eoguard_spark.rules import (
     first_broken,
 )
 
-__all__ = ["DEAD_LETTER_COLUMNS", "OUTPUT_COLUMNS", "RowStatus", "decode", "fence"]
+__all__ = ["DEAD_LETTER_COLUMNS", "OUTPUT_COLUMNS", "RowStatus", "classify", "decode", "fence"]
 
 
 log = logging.getLogger(__name__)
@@ -357,7 +357,19 @@ def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | No
         payload = F.col("_payload")
     else:
         rows, payload_rules = _payload_checks(rows, env, registry)
-    rows = clock_boundary(rows.withColumn("_tail", first_broken(after + payload_rules)))
+    return classify(rows, payload, after + payload_rules, max_ttl_ms=max_ttl_ms, limits=limits)
+
+
+def classify(rows: DataFrame, payload: Column, tail: list[Rule], *, max_ttl_ms: int,
+             limits: InputLimits, boundary: str = "") -> DataFrame:
+    """Step 5 of every decode that builds an envelope struct (``_env``, times as epoch-ms
+    longs) from a record: ``rows`` hold it, its canonical id (``_id``) and the reason of the
+    first rule broken before the expiry bound (``_head``); ``tail`` are the rules after it,
+    ``payload`` the output's payload. The output columns, as :func:`decode` says.
+    ``boundary`` tells its observations (:func:`clock_boundary`) from another decode's in one
+    query (their names must differ)."""
+    env, value = F.col("_env"), F.col("value")
+    rows = clock_boundary(rows.withColumn("_tail", first_broken(tail)), CLOCK_BOUNDARY + boundary)
     # Step 5, behind the boundary: the only expressions that read the micro-batch's clock.
     now_ms = F.unix_millis(F.current_timestamp())  # the micro-batch's: the same on a replay
     expires_ms = env.getField("expires_at")
@@ -371,7 +383,7 @@ def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | No
         .when(expires_ms <= now_ms, F.lit(RowStatus.EXPIRED.value))
         .otherwise(F.lit(RowStatus.OK.value)),
     )
-    rows = clock_boundary(rows, CLOCKED_BOUNDARY)  # the stage that reads the clock ends
+    rows = clock_boundary(rows, CLOCKED_BOUNDARY + boundary)  # the clock's stage ends
     status = F.col("status")
     valid = status != RowStatus.MALFORMED.value  # times in range, the id a UUID
     expires_at = F.when(valid, F.timestamp_millis(expires_ms))

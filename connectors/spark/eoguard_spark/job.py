@@ -13,12 +13,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql.streaming.query import StreamingQuery
 
 from eoguard.callbacks import require_sync
 from eoguard.codec import SchemaRegistry
+from eoguard.config import SchemaRegistryConfig
 from eoguard.errors import ConfigError
 from eoguard.stack import spark_jars
 from eoguard.store.client import connect
@@ -27,6 +29,7 @@ from eoguard_spark.acks import wait_for_acks
 from eoguard_spark.avro_schema import avro_session_conf
 from eoguard_spark.batch import BatchProcessor, BatchStats, ForeachBatch, MicroBatchRunner
 from eoguard_spark.decode import RowStatus
+from eoguard_spark.header_format import HeaderPlan, new_schema_ids, plan_from_registry
 from eoguard_spark.options import DedupMode, JobOptions
 from eoguard_spark.plain import decode_topic
 from eoguard_spark.redaction import redaction_conf
@@ -77,9 +80,23 @@ def _check_layout(options: JobOptions) -> None:
         client.close()
 
 
+def _header_plan(options: JobOptions, schema_ids: tuple[int, ...]) -> HeaderPlan | None:
+    """The writer schemas the query decodes header-format records with, fetched now; None
+    without ``schema_registry_url`` (such records are then not envelopes: dead letters)."""
+    if options.schema_registry_url is None:
+        return None
+    client = SchemaRegistryConfig(url=options.schema_registry_url,
+                                  options=dict(options.schema_registry_options)).connect()
+    plan = plan_from_registry(client, options.topics, schema_ids)
+    log.info("header format: writer schema ids %s (refused: %s)", sorted(plan.writers),
+             sorted(plan.refused))
+    return plan
+
+
 def build_query(spark: SparkSession, options: JobOptions, *,
                 foreach_batch: ForeachBatch | None = None, transform: Transform | None = None,
-                on_batch: Callable[[BatchStats], None] | None = None) -> StreamingQuery:
+                on_batch: Callable[[BatchStats], None] | None = None,
+                schema_ids: tuple[int, ...] = ()) -> StreamingQuery:
     """Start the job on ``spark`` and return the running query.
 
     ``transform`` maps the decoded stream before dedup (filter or enrich rows; a row it
@@ -89,7 +106,11 @@ def build_query(spark: SparkSession, options: JobOptions, *,
     batch's :class:`BatchStats`. An ``async def`` hook is refused (:class:`ConfigError`): the
     job never awaits one. With a Parquet sink the Redis mode acknowledges the senders'
     outbox records of a batch in the background: :func:`eoguard_spark.acks.wait_for_acks`
-    waits for the last batch's.
+    waits for the last batch's. With ``schema_registry_url`` the writer schemas of the
+    header format are fixed now (every version of each topic's subject, and ``schema_ids``);
+    a micro-batch meeting another id fails before it commits anything, naming the id
+    (:func:`eoguard_spark.header_format.new_schema_ids` reads it): build the query again
+    with it, as :func:`run` does.
     """
     if options.output_path is None and foreach_batch is None:
         raise ConfigError("the job needs a sink: output_path and/or a foreach_batch hook")
@@ -108,7 +129,8 @@ def build_query(spark: SparkSession, options: JobOptions, *,
     raw = spark.readStream.format("kafka").options(**options.source_options()).load()
     rows = decode_topic(raw, registry, plain=options.plain,
                         payload_schema=options.payload_schema, max_ttl_ms=options.max_ttl_ms,
-                        limits=options.input_limits.within_grace(int(options.grace_s * 1000)))
+                        limits=options.input_limits.within_grace(int(options.grace_s * 1000)),
+                        header_plan=_header_plan(options, schema_ids))
     if transform is not None:
         rows = transform(rows)
     if options.dedup is DedupMode.WATERMARK:
@@ -162,10 +184,25 @@ def local_session(*, master: str = "local[2]", app_name: str = "eoguard-spark",
 def run(options: JobOptions, *, spark: SparkSession | None = None,
         foreach_batch: ForeachBatch | None = None,
         on_batch: Callable[[BatchStats], None] | None = None) -> None:
-    """Run the job until it stops (``available_now``: once everything available is done)."""
+    """Run the job until it stops (``available_now``: once everything available is done).
+
+    A micro-batch that met a schema id new to the query (the header format) stops it; the
+    query is built again with the id and goes on from its checkpoint: the batch is replayed
+    and the record read (docs/design.md §7).
+    """
     session = spark or local_session()
-    query = build_query(session, options, foreach_batch=foreach_batch, on_batch=on_batch)
-    try:
-        query.awaitTermination()
-    finally:
-        wait_for_acks(query)  # the last batch's acknowledgement pass, in the background
+    seen: tuple[int, ...] = ()
+    while True:
+        query = build_query(session, options, foreach_batch=foreach_batch, on_batch=on_batch,
+                            schema_ids=seen)
+        try:
+            query.awaitTermination()
+            return
+        except StreamingQueryException as exc:
+            new = tuple(i for i in new_schema_ids(exc) if i not in seen)
+            if not new:
+                raise
+            log.info("schema ids %s are new to the query: starting it again with them", new)
+            seen = tuple(sorted({*seen, *new}))
+        finally:
+            wait_for_acks(query)  # the last batch's acknowledgement pass, in the background

@@ -148,6 +148,12 @@ def _kafka_options(options: Mapping[str, str]) -> dict[str, str]:
     return dict(options)
 
 
+def _check_registry_url(url: object) -> None:
+    if url is not None and (not isinstance(url, str)
+                            or not url.startswith(("http://", "https://"))):
+        raise ConfigError("schema_registry_url must start with http:// or https://")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class JobOptions:
     """Everything the job needs. Durations carry their unit; Spark intervals are strings.
@@ -164,6 +170,11 @@ class JobOptions:
     micro-batch re-owns its claims through it), so the first batch records it in the
     checkpoint; by default it is ``spark-`` and the first 12 hex digits of the query id Spark
     keeps in the checkpoint.
+
+    ``schema_registry_url`` (and ``schema_registry_options`` for its client: credentials,
+    TLS) turns on records in the header wire format (docs/design.md §3): the source reads
+    headers, and their Avro payloads are read by writer schema id (the ids fixed when the
+    query starts; :func:`eoguard_spark.job.run` restarts it with a new one).
     """
 
     bootstrap: str
@@ -196,6 +207,8 @@ class JobOptions:
     query_name: str | None = None
     reader: str | None = None
     plain: PlainOptions | None = None
+    schema_registry_url: str | None = None
+    schema_registry_options: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -222,6 +235,7 @@ class JobOptions:
         if self.output_path is not None and self.output_path == self.dead_letter_path:
             raise ConfigError("output_path and dead_letter_path must differ")
         object.__setattr__(self, "kafka_options", _kafka_options(self.kafka_options))
+        _check_registry_url(self.schema_registry_url)
         if self.plain is not None:
             if not isinstance(self.plain, PlainOptions):
                 raise ConfigError("plain must be an eoguard_spark.PlainOptions")
@@ -249,7 +263,8 @@ class JobOptions:
         if self.max_offsets_per_trigger is not None:
             out["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
         out.update(self.kafka_options)
-        if self.plain is not None and self.plain.id_header is not None:
+        if (self.plain is not None and self.plain.id_header is not None) or \
+                self.schema_registry_url is not None:  # the header format's fields
             out["includeHeaders"] = "true"
         out["kafka.bootstrap.servers"] = self.bootstrap
         out["subscribe"] = ",".join(self.topics)
@@ -258,4 +273,5 @@ class JobOptions:
     def describe(self) -> dict[str, Any]:
         """The options without secrets (Redis URL password, Kafka options), for logs."""
         return {name: getattr(self, name) for name in self.__dataclass_fields__
-                if name not in ("redis_url", "kafka_options")}
+                if name not in ("redis_url", "kafka_options", "schema_registry_url",
+                                "schema_registry_options")}

@@ -29,6 +29,7 @@ from eoguard.codec.plain import EnvelopeHeads
 from eoguard.envelope import namespace_uuid
 from eoguard.store.keys import DEFAULT_MAX_TTL_MS
 from eoguard_spark.decode import RowStatus, decode
+from eoguard_spark.header_format import HeaderPlan, decode_headers, has_marker
 from eoguard_spark.options import PlainFormat, PlainOptions
 from eoguard_spark.plain_avro import avro_field_key, with_avro_value
 from eoguard_spark.rules import Rule, first_broken
@@ -157,14 +158,27 @@ def decode_plain(raw: DataFrame, plain: PlainOptions, *, max_ttl_ms: int,
 
 def decode_topic(raw: DataFrame, registry: SchemaRegistry, *, plain: PlainOptions | None = None,
                  payload_schema: str | None = None, max_ttl_ms: int = DEFAULT_MAX_TTL_MS,
-                 limits: InputLimits | None = None) -> DataFrame:
+                 limits: InputLimits | None = None, header_plan: HeaderPlan | None = None
+                 ) -> DataFrame:
     """:func:`eoguard_spark.decode.decode`, and with ``plain`` its records that are not
-    envelopes decoded by :func:`decode_plain` into the same columns (one frame, both kinds).
+    envelopes decoded by :func:`decode_plain` into the same columns (one frame, both kinds);
+    with ``header_plan`` (the source reads headers) records in the header format first, by
+    :func:`eoguard_spark.header_format.decode_headers`.
 
-    The two kinds are two filters of one source: Spark reads a micro-batch's Kafka rows
-    once per branch (correctness first; a single pass is left for later).
+    The kinds are filters of one source: Spark reads a micro-batch's Kafka rows once per
+    branch (correctness first; a single pass is left for later).
     """
     limits = InputLimits() if limits is None else limits
+    if header_plan is not None:
+        marked = has_marker(F.col("headers"))
+        headed = decode_headers(raw.filter(marked), header_plan, registry,
+                                payload_schema=payload_schema, max_ttl_ms=max_ttl_ms,
+                                limits=limits)
+        others = decode_topic(raw.filter(~marked), registry, plain=plain,
+                              payload_schema=payload_schema, max_ttl_ms=max_ttl_ms,
+                              limits=limits)
+        headed = headed.select(*[F.col(f.name).cast(f.dataType) for f in others.schema])
+        return others.unionByName(headed)
     if plain is None:
         return decode(raw, registry, payload_schema=payload_schema, max_ttl_ms=max_ttl_ms,
                       limits=limits)
