@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eoguard.codec.plain import PlainRecords
+from eoguard.codec.registry_payloads import RegistryPayloads
 from eoguard.codec.rules import InputLimits
+from eoguard.codec.schemas import SchemaRegistry
 from eoguard.errors import ConfigError
 from eoguard.modes import Durability, KeepUntil, PersistenceMode, WireFormat
 from eoguard.redaction import redact, redact_url
@@ -174,6 +176,12 @@ class SchemaRegistryConfig:
     def __repr__(self) -> str:
         target = "client=<injected>" if self.client is not None else f"url={_redact_url(self.url)!r}"
         return f"SchemaRegistryConfig({target}, auto_register={self.auto_register!r})"
+
+    def payloads(self, schemas: SchemaRegistry | None) -> RegistryPayloads:
+        """The payload codec over :meth:`connect`'s client and ``schemas`` (the local ones);
+        its ``close()`` closes a client built here, never an injected one."""
+        return RegistryPayloads(self.connect(), schemas, auto_register=self.auto_register,
+                                owns_client=self.client is None)
 
     def connect(self) -> Any:
         """The injected client, or a confluent-kafka ``SchemaRegistryClient`` for ``url``

@@ -117,14 +117,23 @@ class RegistryPayloads:
     """Encode payloads framed for Schema Registry and decode them back (module docstring)."""
 
     def __init__(self, client: RegistryClient, schemas: SchemaRegistry | None = None, *,
-                 auto_register: bool = True, validate: bool = True) -> None:
+                 auto_register: bool = True, validate: bool = True,
+                 owns_client: bool = False) -> None:
         self._client = client
+        self._owns_client = owns_client  # closed by close(): built from a URL, not injected
         self._schemas = SchemaRegistry.default() if schemas is None else schemas
         self._payloads = PayloadCodec(self._schemas, validate=validate)
         self._auto_register = auto_register
         self._heads: dict[tuple[str, str], bytes] = {}  # (subject, schema) -> the 5 bytes
         self._writers: dict[int, WriterSchema] = {}
         self._lock = threading.Lock()  # one registration per subject and schema at a time
+
+    def close(self) -> None:
+        """Close the registry client's connections, when this object built it."""
+        if self._owns_client:
+            close = getattr(self._client, "close", None)
+            if close is not None:
+                close()
 
     @property
     def schemas(self) -> SchemaRegistry:

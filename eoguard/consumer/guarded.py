@@ -61,7 +61,6 @@ from redis.cluster import RedisCluster
 
 from eoguard.callbacks import require_sync
 from eoguard.codec import EnvelopeCodec, PayloadCodec, SchemaRegistry
-from eoguard.codec.registry_payloads import RegistryPayloads
 from eoguard.config import ConsumerConfig
 from eoguard.consumer.batch import BatchProcessor
 from eoguard.consumer.dead_letter import DeadLetterRouter
@@ -117,8 +116,9 @@ class GuardedConsumer:
         self._dead = DeadLetterRouter(self._sink, topic=config.dead_letter, scope=config.scope)
         self.instance_id = config.instance_id or (
             f"{config.scope}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}")
-        framed = None if config.schema_registry is None else RegistryPayloads(
-            config.schema_registry.connect(), registry)
+        framed = None if config.schema_registry is None else \
+            config.schema_registry.payloads(registry)
+        self._framed = framed  # closed at close()
         env = ContextEnv(config.scope, config.keyspace, isinstance(self._redis, RedisCluster),
                          self.instance_id, EnvelopeCodec(registry), PayloadCodec(registry),
                          framed)
@@ -219,6 +219,8 @@ class GuardedConsumer:
                 self._kafka.close()
         finally:
             self._sink.close()
+            if self._framed is not None:
+                self._framed.close()
             try:
                 self._liveness.deregister(self.instance_id)
             except StoreError as exc:

@@ -28,7 +28,6 @@ from typing import Any
 from eoguard.callbacks import require_sync
 from eoguard.codec import EnvelopeCodec, PayloadCodec, SchemaRegistry
 from eoguard.codec.headers import app_headers, check_app_headers, write_headers
-from eoguard.codec.registry_payloads import RegistryPayloads
 from eoguard.codec.rules import header_bytes
 from eoguard.config import ProducerConfig
 from eoguard.envelope import new_message_id, now_ms
@@ -90,8 +89,7 @@ class GuardedProducer:
         self._codec = EnvelopeCodec(registry)
         self._payloads = PayloadCodec(registry)
         self._headers_format = config.wire_format is WireFormat.HEADERS
-        self._framed = (RegistryPayloads(config.schema_registry.connect(), registry,
-                                         auto_register=config.schema_registry.auto_register)
+        self._framed = (config.schema_registry.payloads(registry)
                         if self._headers_format and config.schema_registry is not None else None)
         self._ttl_ms = int(config.default_ttl_s * 1000)
         self._max_ttl_ms = config.keyspace.max_ttl_ms
@@ -130,6 +128,8 @@ class GuardedProducer:
         except EoguardError:
             self._dispatcher.close()
             self._kafka.close()
+            if self._framed is not None:
+                self._framed.close()
             if config.redis.client is None:
                 self._redis.close()
             raise
@@ -341,6 +341,8 @@ class GuardedProducer:
         except EoguardError as exc:
             log.warning("could not give the liveness lease up: %s", exc)
         self._dispatcher.close(max(deadline - time.monotonic(), 1.0))
+        if self._framed is not None:
+            self._framed.close()
         if self.config.redis.client is None:
             self._redis.close()
 

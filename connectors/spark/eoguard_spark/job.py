@@ -87,7 +87,10 @@ def _header_plan(options: JobOptions, schema_ids: tuple[int, ...]) -> HeaderPlan
         return None
     client = SchemaRegistryConfig(url=options.schema_registry_url,
                                   options=dict(options.schema_registry_options)).connect()
-    plan = plan_from_registry(client, options.topics, schema_ids)
+    try:
+        plan = plan_from_registry(client, options.topics, schema_ids)
+    finally:
+        client.close()
     log.info("header format: writer schema ids %s (refused: %s)", sorted(plan.writers),
              sorted(plan.refused))
     return plan
