@@ -11,7 +11,6 @@ import datetime as dt
 import json
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -79,14 +78,6 @@ def header_producer(kafka_bootstrap: str, redis_url: str, key_prefix: str, url: 
     return GuardedProducer(config, registry=schemas)
 
 
-@pytest.fixture
-def sr_client(schema_registry_url: str) -> Iterator[SchemaRegistryClient]:
-    """A plain registry client for the test's own serializers (closed after it)."""
-    client = SchemaRegistryClient({"url": schema_registry_url})
-    yield client
-    client.close()
-
-
 def avro_serializer(client: SchemaRegistryClient) -> AvroSerializer:
     """What a team already has: confluent-kafka's serializer with the Order schema."""
     return AvroSerializer(client, json.dumps(order_schema("older")))
@@ -111,7 +102,7 @@ def counting(seen: Counter[int]) -> Any:
 
 def test_a_plain_avro_deserializer_reads_every_payload_a_guarded_producer_wrote(
         kafka_bootstrap, redis_url, key_prefix, new_topic, schema_registry_url,
-        sr_client) -> None:
+        schema_registry_client) -> None:
     topic = new_topic(2)
     count = 60
     with header_producer(kafka_bootstrap, redis_url, key_prefix, schema_registry_url) as producer:
@@ -122,8 +113,8 @@ def test_a_plain_avro_deserializer_reads_every_payload_a_guarded_producer_wrote(
     records = read_all(kafka_bootstrap, topic, count)
     assert len(records) == count
 
-    deserializer = AvroDeserializer(sr_client)
-    serializer = avro_serializer(sr_client)
+    deserializer = AvroDeserializer(schema_registry_client)
+    serializer = avro_serializer(schema_registry_client)
     by_id = {h.id: (n, h) for n, h in enumerate(handles)}
     for record in records:
         heads = headers_of(record)
@@ -163,15 +154,15 @@ def orders_rule(topic: str, client: SchemaRegistryClient) -> PlainRecords:
 
 def test_a_guarded_consumer_handles_a_plain_avro_serializer_producer_once_per_scope(
         make, new_topic, kafka_bootstrap, redis_client: redis.Redis, key_prefix,
-        schema_registry_url, sr_client) -> None:
+        schema_registry_url, schema_registry_client) -> None:
     topic = new_topic(4)
     count = 150
     # the first life of the producer, copies injected; restarted, it resends 120-149
     first = list(range(120)) + [n for n in range(120) if n % 9 == 0]
-    records = _plain_orders(kafka_bootstrap, topic, sr_client, first)
-    records += _plain_orders(kafka_bootstrap, topic, sr_client,
+    records = _plain_orders(kafka_bootstrap, topic, schema_registry_client, first)
+    records += _plain_orders(kafka_bootstrap, topic, schema_registry_client,
                              list(range(100, count)))
-    handled_once_per_scope(make, topic, sr_client, schema_registry_url, redis_client,
+    handled_once_per_scope(make, topic, schema_registry_client, schema_registry_url, redis_client,
                            key_prefix, records=records, count=count)
 
 
@@ -200,7 +191,7 @@ def handled_once_per_scope(make: Any, topic: str, client: SchemaRegistryClient, 
 
 def test_one_topic_with_envelopes_header_records_and_plain_records_each_order_once(
         make, new_topic, kafka_bootstrap, redis_url, redis_client: redis.Redis, key_prefix,
-        schema_registry_url, sr_client) -> None:
+        schema_registry_url, schema_registry_client) -> None:
     topic = new_topic(3)
     count = 150
     ids = {n: message_id_for("orders", str(n)) for n in range(count)}
@@ -218,10 +209,10 @@ def test_one_topic_with_envelopes_header_records_and_plain_records_each_order_on
         assert moved.flush(30) == 0
         records += moved.stats().published
     # a plain producer not moved yet: 120-149 and 0-19
-    plain = _plain_orders(kafka_bootstrap, topic, sr_client,
+    plain = _plain_orders(kafka_bootstrap, topic, schema_registry_client,
                           list(range(120, count)) + list(range(20)))
     records += plain
-    handled_once_per_scope(make, topic, sr_client, schema_registry_url, redis_client,
+    handled_once_per_scope(make, topic, schema_registry_client, schema_registry_url, redis_client,
                            key_prefix, records=records, count=count, shards=8)
 
 
@@ -237,13 +228,13 @@ def _marked(ttl_ms: int = 600_000, **changes: bytes | None) -> list[tuple[str, b
 
 def test_bad_records_are_dead_lettered_with_their_reason_and_the_rest_handled(
         make, new_topic, kafka_bootstrap, redis_url, key_prefix, schema_registry_url,
-        sr_client) -> None:
+        schema_registry_client) -> None:
     topic = new_topic(1)
     with header_producer(kafka_bootstrap, redis_url, key_prefix, schema_registry_url) as good:
         first = good.send(topic, an_order(1), schema=ORDER)  # registers the schema
         assert good.flush(30) == 0
-    known = sr_client.get_latest_version(f"{topic}-value").schema_id
-    body = avro_serializer(sr_client)(an_order(2), value_context(topic))[5:]
+    known = schema_registry_client.get_latest_version(f"{topic}-value").schema_id
+    body = avro_serializer(schema_registry_client)(an_order(2), value_context(topic))[5:]
     bad = {
         "bad prefix": (b'{"order_id": "3"}', _marked(),
                        "starts with 7b, expected 00"),
@@ -294,7 +285,7 @@ def test_a_send_may_not_use_eoguards_header_names(kafka_bootstrap, redis_url, ke
 
 
 def test_a_registry_refusal_names_the_subject_and_version(
-        kafka_bootstrap, redis_url, key_prefix, new_topic, schema_registry_url, sr_client,
+        kafka_bootstrap, redis_url, key_prefix, new_topic, schema_registry_url, schema_registry_client,
         tmp_path) -> None:
     topic = new_topic(1)
     subject = f"{topic}-value"
@@ -303,8 +294,8 @@ def test_a_registry_refusal_names_the_subject_and_version(
             pytest.raises(SchemaRefusedError) as unregistered:
         producer.send(topic, an_order(1), schema=ORDER)
     assert (unregistered.value.subject, unregistered.value.registered) == (subject, False)
-    sr_client.register_schema(subject, Schema(json.dumps(order_schema("older")), "AVRO"))
-    sr_client.set_compatibility(subject, "BACKWARD")
+    schema_registry_client.register_schema(subject, Schema(json.dumps(order_schema("older")), "AVRO"))
+    schema_registry_client.set_compatibility(subject, "BACKWARD")
     incompatible = copy.deepcopy(order_schema("older"))
     incompatible["fields"].append({"name": "region", "type": "string"})  # no default
     breaking = schema_dir(tmp_path, "older")  # a copy of schemas/, the Order schema changed:
