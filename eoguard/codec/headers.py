@@ -31,6 +31,7 @@ Avro one), and any send its own ``ce_source`` and ``ce_type``.
 from __future__ import annotations
 
 import calendar
+import functools
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -98,15 +99,44 @@ _TIME = re.compile(r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(\d{
 _ATTEMPT = re.compile(r"[1-9][0-9]{0,9}", re.ASCII)  # what fits Avro's int (the envelope's), checked below
 
 
+@functools.lru_cache(maxsize=64)
+def _second(seconds: int) -> str:
+    """The text of a whole second (a producer writes two times per message, mostly in the
+    same few seconds: cached)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+
+
 def format_time(ms: int) -> str:
     """Epoch milliseconds as RFC 3339 text in UTC with milliseconds (``...T12:00:00.123Z``)."""
     seconds, millis = divmod(ms, 1000)
-    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(seconds))}.{millis:03d}Z"
+    return f"{_second(seconds)}.{millis:03d}Z"
+
+
+_WRITTEN = re.compile(r"([0-9]{4}-[0-9]{2}-[0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})\.([0-9]{3})Z",
+                      re.ASCII)
+"""The form :func:`format_time` writes: read by a shorter path (the consumer's, per record)."""
+
+
+@functools.lru_cache(maxsize=64)
+def _day_ms(date: str) -> int:
+    """Epoch milliseconds of a date's midnight UTC (ValueError for a date that is not one)."""
+    return _parse_time(f"{date}T00:00:00Z")
 
 
 def parse_time(text: str) -> int:
     """RFC 3339 text (any offset, any fraction) as epoch milliseconds, the fraction beyond
     milliseconds cut; ValueError when it is not RFC 3339."""
+    written = _WRITTEN.fullmatch(text)
+    if written is not None:
+        hour, minute, second = int(written[2]), int(written[3]), int(written[4])
+        if hour <= 23 and minute <= 59 and second <= 60:
+            return (_day_ms(written[1]) + hour * 3_600_000 + minute * 60_000 + second * 1000
+                    + int(written[5]))
+    return _parse_time(text)
+
+
+def _parse_time(text: str) -> int:
+    """:func:`parse_time` of any form."""
     match = _TIME.fullmatch(text)
     if match is None:
         raise ValueError(f"{text!r} is not an RFC 3339 time")
@@ -188,45 +218,6 @@ def _malformed(message: str) -> InvalidEnvelopeError:
     return InvalidEnvelopeError(f"header format: {message}", rule="headers")
 
 
-def _split(raw: Iterable[tuple[str, str | bytes | None]]
-           ) -> tuple[dict[str, list[str | bytes | None]], dict[str, str]]:
-    """eoguard's headers (names in lowercase, every value given) and the application's (the
-    last value of a name, as text; a header without a value dropped)."""
-    ours: dict[str, list[str | bytes | None]] = {}
-    app: dict[str, str] = {}
-    for name, value in raw:
-        lower = name.lower()
-        if lower in RESERVED:
-            ours.setdefault(lower, []).append(value)
-        elif value is not None:
-            app[name] = value if isinstance(value, str) else value.decode("utf-8", "replace")
-    return ours, app
-
-
-def _texts(ours: dict[str, list[str | bytes | None]]) -> dict[str, str]:
-    """eoguard's headers as text, judged in the order of :data:`REQUIRED` (the Spark job
-    gives the same reasons in the same order): each once, with a value, UTF-8; then none
-    missing."""
-    texts: dict[str, str] = {}
-    for name in REQUIRED:
-        values = ours.get(name)
-        if not values:
-            continue
-        if len(values) > 1:
-            raise _malformed(f"header {name} appears more than once")
-        value = values[0]
-        if value is None:
-            raise _malformed(f"header {name} has no value")
-        try:
-            texts[name] = value if isinstance(value, str) else value.decode("utf-8")
-        except UnicodeDecodeError:
-            raise _malformed(f"header {name} is not UTF-8 text") from None
-    missing = [name for name in REQUIRED if name not in texts]
-    if missing:
-        raise _malformed(f"missing header{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
-    return texts
-
-
 RawHeaders = Iterable[tuple[str, str | bytes | None]] | Mapping[str, str | bytes | None]
 """A record's headers as confluent-kafka gives them (pairs, or a dict)."""
 
@@ -235,27 +226,71 @@ def read_headers(raw: RawHeaders | None) -> HeaderFields | None:
     """eoguard's fields from a record's headers; None when the record is not in this format
     (no :data:`MARKER`); :class:`InvalidEnvelopeError` (rule ``headers``) naming the header
     that is repeated, without a value, not UTF-8, missing or malformed (in that order, each
-    judged in the order of the table in the module docstring)."""
+    judged in the order of :data:`REQUIRED`; the Spark job gives the same reasons in the same
+    order). The application's headers keep the last value of a name, as text."""
     if not raw:
         return None
-    ours, app = _split(raw.items() if isinstance(raw, Mapping) else raw)
+    ours: dict[str, str | bytes | None] = {}
+    app: dict[str, str] = {}
+    repeated: set[str] = set()
+    for name, value in raw.items() if isinstance(raw, Mapping) else raw:
+        if name not in RESERVED:  # eoguard writes its names in lowercase: one lookup
+            lower = name.lower()
+            if lower not in RESERVED:
+                if value is not None:
+                    app[name] = value if value.__class__ is str else \
+                        value.decode("utf-8", "replace")  # type: ignore[union-attr]
+                continue
+            name = lower  # noqa: PLW2901 - a reserved name in another letter case
+        if name in ours:
+            repeated.add(name)
+        else:
+            ours[name] = value
     if MARKER not in ours:
         return None
-    texts = _texts(ours)
+    texts = _texts(ours, repeated)
     if texts[SPEC_VERSION] != "1.0":
         raise _malformed(f"{SPEC_VERSION} is '{texts[SPEC_VERSION][:40]}', not '1.0'")
     attempt = texts[ATTEMPT]
     if _ATTEMPT.fullmatch(attempt) is None or int(attempt) > 2**31 - 1:
         raise _malformed(f"{ATTEMPT} '{attempt[:40]}' is not a whole number from 1 to "
                          f"2^31-1")
-    times = []
-    for name in (TIME, EXPIRY_TIME):
-        try:
-            times.append(parse_time(texts[name]))
-        except ValueError:
-            raise _malformed(f"{name} '{texts[name][:60]}' is not an RFC 3339 time") from None
-    return HeaderFields(texts[ID], times[0], times[1], int(attempt), texts[PRODUCER],
+    try:
+        created = parse_time(texts[TIME])
+    except ValueError:
+        raise _malformed(f"{TIME} '{texts[TIME][:60]}' is not an RFC 3339 time") from None
+    try:
+        expires = parse_time(texts[EXPIRY_TIME])
+    except ValueError:
+        raise _malformed(f"{EXPIRY_TIME} '{texts[EXPIRY_TIME][:60]}' is not an RFC 3339 "
+                         f"time") from None
+    return HeaderFields(texts[ID], created, expires, int(attempt), texts[PRODUCER],
                         texts[CONTENT_TYPE].lower() == AVRO_CONTENT_TYPE, app)
+
+
+def _texts(ours: dict[str, str | bytes | None], repeated: set[str]) -> dict[str, str]:
+    """eoguard's headers as text (what :func:`read_headers` judges first)."""
+    texts: dict[str, str] = {}
+    for name in REQUIRED:
+        if name in repeated:
+            raise _malformed(f"header {name} appears more than once")
+        if name not in ours:
+            continue
+        value = ours[name]
+        if value is None:
+            raise _malformed(f"header {name} has no value")
+        if isinstance(value, str):
+            texts[name] = value
+            continue
+        try:
+            texts[name] = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _malformed(f"header {name} is not UTF-8 text") from None
+    if len(texts) < len(REQUIRED):
+        missing = [name for name in REQUIRED if name not in texts]
+        raise _malformed(f"missing header{'s' if len(missing) > 1 else ''} "
+                         f"{', '.join(missing)}")
+    return texts
 
 
 FramedReader = Callable[[bytes | None], tuple[Any, str]]

@@ -27,7 +27,14 @@ from typing import Any
 
 from eoguard.callbacks import require_sync
 from eoguard.codec import EnvelopeCodec, PayloadCodec, SchemaRegistry
-from eoguard.codec.headers import app_headers, check_app_headers, write_headers
+from eoguard.codec.headers import (
+    BYTES_TYPE,
+    SOURCE,
+    TYPE,
+    app_headers,
+    check_app_headers,
+    write_headers,
+)
 from eoguard.codec.rules import header_bytes
 from eoguard.config import ProducerConfig
 from eoguard.envelope import new_message_id, now_ms
@@ -89,6 +96,7 @@ class GuardedProducer:
         self._codec = EnvelopeCodec(registry)
         self._payloads = PayloadCodec(registry)
         self._headers_format = config.wire_format is WireFormat.HEADERS
+        self._source_bytes = len(SOURCE) + len(config.event_source.encode())
         self._framed = (config.schema_registry.payloads(registry)
                         if self._headers_format and config.schema_registry is not None else None)
         self._ttl_ms = int(config.default_ttl_s * 1000)
@@ -234,6 +242,9 @@ class GuardedProducer:
                                 producer=self.instance_id, source=self.config.event_source,
                                 schema=schema, app=app)
         limits = self.config.input_limits
+        if not app and limits.header_count >= 2 and self._source_bytes + len(TYPE) + len(
+                (schema or BYTES_TYPE).encode()) <= limits.header_bytes:
+            return headers  # ce_source and ce_type alone, within the limits: no second count
         counted = app_headers(headers)
         size = header_bytes(counted)
         if len(counted) > limits.header_count or size > limits.header_bytes:

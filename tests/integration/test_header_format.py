@@ -22,6 +22,8 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerialize
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from eoguard import (
+    InputLimits,
+    InvalidMessageError,
     KeepUntil,
     Lifetime,
     PlainRecords,
@@ -364,3 +366,19 @@ def test_a_resend_from_the_outbox_keeps_the_headers_and_raises_the_attempt(
     assert record.value() == b'{"order": 7}'
     assert (heads[ID], heads[ATTEMPT], heads["trace"]) == (handle.id, "2", "t-7")
     assert parse_time(heads[EXPIRY_TIME]) == handle.expires_at_ms
+
+
+def test_the_headers_a_consumer_counts_stay_within_input_limits(
+        kafka_bootstrap, redis_url, key_prefix, new_topic, schema_registry_url) -> None:
+    """ce_source and ce_type count as the application's, as a consumer counts them."""
+    topic = new_topic(1)
+    limits = InputLimits(header_count=3)
+    with header_producer(kafka_bootstrap, redis_url, key_prefix, schema_registry_url,
+                         input_limits=limits) as producer:
+        producer.send(topic, b"x", headers={"trace": "t"})  # 3 counted: within
+        with pytest.raises(InvalidMessageError, match="ce_source and ce_type included"):
+            producer.send(topic, b"x", headers={"trace": "t", "span": "s"})
+    with header_producer(kafka_bootstrap, redis_url, key_prefix, schema_registry_url,
+                         input_limits=InputLimits(header_count=1)) as producer, \
+            pytest.raises(InvalidMessageError, match="2 headers"):
+        producer.send(topic, b"x")
