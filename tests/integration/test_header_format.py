@@ -382,3 +382,24 @@ def test_the_headers_a_consumer_counts_stay_within_input_limits(
                          input_limits=InputLimits(header_count=1)) as producer, \
             pytest.raises(InvalidMessageError, match="2 headers"):
         producer.send(topic, b"x")
+
+
+def test_a_registry_outage_is_retried_never_dead_lettered(
+        make, new_topic, kafka_bootstrap, redis_url, key_prefix, schema_registry_url) -> None:
+    """A consumer that cannot reach the registry rewinds and re-reads (a store outage in its
+    stats), commits nothing past the record; one that can then handles it."""
+    topic = new_topic(1)
+    with header_producer(kafka_bootstrap, redis_url, key_prefix, schema_registry_url) as good:
+        sent = good.send(topic, an_order(5), schema=ORDER)
+        assert good.flush(30) == 0
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    seen: list[str] = []
+    down = make([topic], lambda ctx: seen.append(ctx.message_id), shards=8, group=group,
+                schema_registry=registry(f"http://127.0.0.1:{free_port()}"))
+    drain([down], lambda: down.stats().store_outages >= 2, timeout_s=120)
+    assert (seen, down.stats().dead_lettered, down.stats().handled) == ([], 0, 0)
+    down.close()
+    up = make([topic], lambda ctx: seen.append(ctx.message_id), shards=8, group=group,
+              schema_registry=registry(schema_registry_url))
+    drain([up], lambda: bool(seen))
+    assert seen == [sent.id]

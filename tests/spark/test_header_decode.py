@@ -49,7 +49,11 @@ HEADERS_SCHEMA = ("key binary, value binary, topic string, partition int, offset
 LIMITS = InputLimits(clock_skew_ms=60_000)
 MAX_TTL = 3_600_000
 ORDER_ID, REFUSED_ID, NEW_ID = 7, 9, 11
-PLAN = HeaderPlan(writers={ORDER_ID: json.dumps(order_schema("older"))},
+RECURSIVE_ID = 13  # a schema fastavro reads and Spark's from_avro cannot convert
+RECURSIVE = {"type": "record", "name": "Node", "namespace": "shop",
+             "fields": [{"name": "next", "type": ["null", "Node"], "default": None}]}
+PLAN = HeaderPlan(writers={ORDER_ID: json.dumps(order_schema("older")),
+                           RECURSIVE_ID: json.dumps(RECURSIVE)},
                   refused={REFUSED_ID: f"schema id {REFUSED_ID} is not in Schema Registry"})
 
 Headers = list[tuple[str, bytes | None]]
@@ -188,6 +192,7 @@ def test_a_bad_prefix_a_refused_id_and_a_corrupt_body_are_malformed(spark: Spark
         (None, headers()),
         (frame(REFUSED_ID, body()), headers()),
         (frame(ORDER_ID, b"\x02\xff\xff\xff\xff\xff"), headers()),
+        (frame(RECURSIVE_ID, b"\x00"), headers()),
     ]
     got = decoded(spark, records)
     assert [got[i]["reason"] for i in range(len(records))] == [
@@ -196,6 +201,7 @@ def test_a_bad_prefix_a_refused_id_and_a_corrupt_body_are_malformed(spark: Spark
         "not a Schema Registry framed value: no value, need more than 5",
         f"schema id {REFUSED_ID} is not in Schema Registry",
         f"payload is not a valid {ORDER} record",
+        f"schema id {RECURSIVE_ID} (shop.Node) cannot be read by Spark's from_avro",
     ]
 
 

@@ -58,7 +58,7 @@ def test_a_schema_from_avro_fails_every_record_of_is_refused_up_front(
 
 
 def test_the_sessions_cap_avros_reader_in_the_driver(spark: SparkSession) -> None:
-    """The caps the job's check asks for (eoguard_spark.plain_avro._check_limits) are the
+    """The caps the job's check asks for (eoguard_spark.plain_avro.check_limits) are the
     JVM's system properties, at the job's payload limit."""
     conf = avro_session_conf()
     assert set(conf) == {"spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"}

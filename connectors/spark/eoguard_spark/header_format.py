@@ -31,10 +31,13 @@ dead letter, as for a consumer. A valid record is never dead-lettered for its id
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import AnalysisException, IllegalArgumentException
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql.avro.functions import from_avro
@@ -57,10 +60,13 @@ from eoguard.codec.registry_payloads import FRAME_SIZE, subject_for
 from eoguard.codec.schemas import RegisteredSchema
 from eoguard.errors import ConfigError
 from eoguard_spark.decode import classify, fence
+from eoguard_spark.plain_avro import check_limits
 from eoguard_spark.rules import Rule, canonical_id, envelope_rules, first_broken
 
 __all__ = ["NEW_SCHEMA_ID", "HeaderPlan", "decode_headers", "has_marker", "header_envelope",
            "header_payload", "new_schema_ids", "plan_from_registry"]
+
+log = logging.getLogger(__name__)
 
 NEW_SCHEMA_ID = "eoguard: schema id new to this query:"
 """What the error that stops a micro-batch meeting a new schema id says, before the id."""
@@ -279,6 +285,8 @@ def header_payload(rows: DataFrame, plan: HeaderPlan, registry: SchemaRegistry,
     new = framed & (~schema_id.isin(*planned) if planned else F.lit(True))
     rules.append((new, F.raise_error(F.concat(F.lit(f"{NEW_SCHEMA_ID} "),
                                               schema_id.cast("string"))).cast("string")))
+    if plan.writers:
+        check_limits(rows.sparkSession)  # a few bytes declaring 2 GiB would exit the JVM
     reader = registry.get(payload_schema) if payload_schema is not None else None
     if reader is not None:
         rules.append((~avro, F.lit(f"payload schema null (raw bytes) is not {reader.name}")))
@@ -295,8 +303,19 @@ def header_payload(rows: DataFrame, plan: HeaderPlan, registry: SchemaRegistry,
         if target.fingerprint != writer.fingerprint:
             options["avroSchema"] = json.dumps(target.schema)
         column = f"_payload_{n}"
-        rows = rows.withColumn(column, F.when(mine, from_avro(body, json.dumps(writer.schema),
-                                                              options)))
+        try:
+            rows = rows.withColumn(column, F.when(mine, from_avro(
+                body, json.dumps(writer.schema), options)))
+        except (AnalysisException, IllegalArgumentException, Py4JJavaError) as exc:
+            # a schema Spark cannot convert (or resolve): its records are dead letters, the
+            # query runs on (a consumer may read them: docs/design.md §7)
+            java = getattr(exc, "java_exception", None)
+            words = " ".join(str(exc if java is None else java.toString()).split())[:200]
+            log.warning("schema id %d (%s) cannot be read by from_avro: %s", n, writer.name,
+                        words)
+            rules.append((mine, F.lit(f"schema id {n} ({writer.name}) cannot be read by "
+                                      f"Spark's from_avro")))
+            continue
         failed: Any = F.lit(False)
         for name in _required(target.schema):
             failed = failed | F.col(column).getField(name).isNull()

@@ -38,7 +38,7 @@ from eoguard_spark.decode import fence
 from eoguard_spark.options import AvroFraming, PlainOptions
 from eoguard_spark.rules import Rule
 
-__all__ = ["AVRO_COLUMN", "avro_field_key", "with_avro_value"]
+__all__ = ["AVRO_COLUMN", "avro_field_key", "check_limits", "with_avro_value"]
 
 AVRO_COLUMN = "_avro"
 """The column of the decoded record (a struct of the reader schema's fields)."""
@@ -94,7 +94,7 @@ def with_avro_value(rows: DataFrame, plain: PlainOptions) -> tuple[DataFrame, li
     refuses): the query is not built.
     """
     assert plain.avro_schema is not None
-    _check_limits(rows.sparkSession)
+    check_limits(rows.sparkSession)
     value = F.col("value")
     schema = avro_record_schema(plain.avro_schema)
     writer, reader = spark_schemas(schema, plain.id_field)
@@ -141,7 +141,7 @@ def with_avro_value(rows: DataFrame, plain: PlainOptions) -> tuple[DataFrame, li
     return rows, rules
 
 
-def _check_limits(spark: SparkSession) -> None:
+def check_limits(spark: SparkSession) -> None:
     """ConfigError unless Avro's reader is capped (:data:`AVRO_LIMITS`) in the driver's JVM
     and, off local mode, in the executors' settings: uncapped, one value of a few bytes that
     declares a 2 GiB string exits the JVM (OutOfMemoryError)."""
