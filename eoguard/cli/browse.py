@@ -2,10 +2,13 @@
 each: the message id, its expiry, its state in each ``--scope`` (the dedup keys, read through
 :mod:`eoguard.store.dedup_admin`), and the payload decoded.
 
-A value is read by its first bytes: ``C3 01`` an eoguard envelope (its payload through the
-local schemas), ``00`` + a 4-byte schema id a Schema-Registry-framed value (through the
-registry). Anything else, or a value that fails to decode, is shown as a bad record with the
-reason; the browse goes on.
+A record in the header format (eoguard's ``ce_eoguardattempt`` header) has its id and expiry
+in headers and its payload framed for the registry or raw. Otherwise the value's first bytes
+say: ``C3 01`` an eoguard envelope (its payload through the local schemas), ``00`` + a 4-byte
+schema id a Schema-Registry-framed value (a plain producer's, no eoguard id). Framed payloads
+are read through the registry (:class:`~eoguard.codec.registry_payloads.RegistryPayloads`,
+the writer schema by id). Anything else, or a record that fails to decode, is shown as a bad
+record with the reason; the browse goes on.
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ from confluent_kafka import Message
 from rich.markup import escape
 
 from eoguard.cli import render
-from eoguard.cli.context import CliContext, CliError, json_option, pass_cli
+from eoguard.cli.context import BadInputError, CliContext, CliError, json_option, pass_cli
 from eoguard.cli.kafka_options import kafka_config, kafka_options, shown
-from eoguard.cli.registry_values import RegistryValues
 from eoguard.codec import MAGIC, EnvelopeCodec, PayloadCodec
+from eoguard.codec.headers import header_payload, read_headers
+from eoguard.codec.registry_payloads import FRAME_SIZE, RegistryPayloads
+from eoguard.config import SchemaRegistryConfig
 from eoguard.errors import CodecError
 from eoguard.kafka.reader import Offset, TopicReader
 from eoguard.store.dedup_admin import read_entries
@@ -43,7 +48,7 @@ class Row:
     partition: int
     offset: int
     key: str | None
-    format: str  # envelope, registry, bad
+    format: str  # envelope, headers (eoguard's header format), registry (framed, plain), bad
     id: str | None = None
     expires_at_ms: int | None = None
     schema: str | None = None
@@ -66,21 +71,41 @@ class Row:
 class Decoder:
     """Turns one Kafka record into a :class:`Row`, never raising for a bad record."""
 
-    def __init__(self, registry: Callable[[], RegistryValues]) -> None:
+    def __init__(self, registry: Callable[[], RegistryPayloads]) -> None:
         self._envelopes = EnvelopeCodec()
         self._payloads = PayloadCodec(self._envelopes.registry)
         self._registry_factory = registry
-        self._registry: RegistryValues | None = None
+        self._registry: RegistryPayloads | None = None
+
+    def _framed_reader(self) -> RegistryPayloads:
+        if self._registry is None:
+            self._registry = self._registry_factory()
+        return self._registry
 
     def row(self, message: Message) -> Row:
         value = message.value()
         row = Row(partition=message.partition() or 0, offset=message.offset() or 0,
                   key=_text(message.key()), format="bad")
-        if value is None:
+        try:
+            fields = read_headers(message.headers())
+        except CodecError as exc:
+            row.error = f"headers: {exc}"
+            return row
+        if fields is not None:
+            row.format, row.id, row.expires_at_ms = "headers", fields.id, fields.expires_at_ms
+            def framed(data: bytes | None) -> tuple[Any, str]:
+                obj, row.schema = self._framed_reader().decode(data)
+                return obj, row.schema
+
+            try:
+                row.payload = jsonable(header_payload(fields, value, framed))
+            except CodecError as exc:
+                row.error = f"payload: {exc}"
+        elif value is None:
             row.error = "no value (a tombstone)"
         elif value[:2] == MAGIC:
             self._envelope(value, row)
-        elif len(value) > 5 and value[0] == REGISTRY_MAGIC:
+        elif len(value) > FRAME_SIZE and value[0] == REGISTRY_MAGIC:
             self._framed(value, row)
         else:
             row.error = (f"neither an eoguard envelope (C3 01) nor Schema Registry framed "
@@ -101,10 +126,8 @@ class Decoder:
             row.error = f"payload: {exc}"
 
     def _framed(self, value: bytes, row: Row) -> None:
-        if self._registry is None:
-            self._registry = self._registry_factory()
         try:
-            obj, row.schema = self._registry.decode(value)
+            obj, row.schema = self._framed_reader().decode(value)
         except CodecError as exc:
             row.error = f"registry: {exc}"
             return
@@ -189,7 +212,7 @@ def browse(cli: CliContext, topic: str, *, partitions: tuple[int, ...], offset: 
     """
     conf = kafka_config(bootstrap_servers, config_file, overrides)
     start = Offset.parse(offset)
-    decoder = Decoder(lambda: RegistryValues.connect(schema_registry_url))
+    decoder = Decoder(lambda: _registry(schema_registry_url))
     reader = TopicReader(conf, timeout_s=timeout_s)
     try:
         wanted = _partitions(reader.partitions(topic), partitions, topic)
@@ -200,6 +223,17 @@ def browse(cli: CliContext, topic: str, *, partitions: tuple[int, ...], offset: 
     now = _dedup_states(cli, rows, scopes) if scopes else None
     data = {"topic": topic, "client": shown(conf), "records": [r.as_data(now) for r in rows]}
     render.show(cli, data, _table(topic, rows, scopes, now))
+
+
+def _registry(url: str | None) -> RegistryPayloads:
+    """The reader of framed payloads: ``url``'s registry, the local stack's by default."""
+    if url is None:
+        from eoguard.stack import LocalStack  # noqa: PLC0415 - only framed values need it
+
+        url = LocalStack().endpoints().schema_registry_url
+    if not url:
+        raise BadInputError("framed values need a Schema Registry: --schema-registry-url")
+    return RegistryPayloads(SchemaRegistryConfig(url=url).connect(), owns_client=True)
 
 
 def _partitions(existing: list[int], asked: tuple[int, ...], topic: str) -> list[int]:

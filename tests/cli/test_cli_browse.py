@@ -12,9 +12,15 @@ from confluent_kafka import Producer
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from eoguard import SchemaRegistryConfig, WireFormat
+from eoguard.cli import render
+from eoguard.codec.headers import ID, write_headers
+from eoguard.envelope import now_ms
+from eoguard.producer.guarded import GuardedProducer
 from eoguard.store.dedup import ClaimResult, DedupStore, DoneResult, position
 from eoguard.store.keys import KeySpace
-from tests.cli.conftest import outbox_record
+from tests.cli.conftest import ORDER, an_order, outbox_record
+from tests.integration.test_producer import make_config
 
 pytestmark = pytest.mark.integration
 
@@ -23,10 +29,11 @@ PING = {"type": "record", "name": "Ping", "namespace": "eoguard.test",
 UNKNOWN_ID_VALUE = b"\x00\x7f\xff\xff\xf0" + b"\x02\x00"  # framed, an id no registry holds
 
 
-def _produce(bootstrap: str, topic: str, values: list[bytes], partition: int = 0) -> None:
+def _produce(bootstrap: str, topic: str, values: list[bytes], partition: int = 0,
+             headers: list[tuple[str, bytes]] | None = None) -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
     for value in values:
-        producer.produce(topic, value, partition=partition)
+        producer.produce(topic, value, partition=partition, headers=headers)
     assert producer.flush(30) == 0
 
 
@@ -96,7 +103,7 @@ def test_registry_framed_values_decoded_and_bad_records_shown(
     assert rows[0]["schema"] == "eoguard.test.Ping"
     assert rows[4]["payload"] == {"n": 2, "note": "after the bad ones"}
     assert "neither an eoguard envelope" in rows[1]["error"]
-    assert "schema id 2147483632 is not in the registry" in rows[2]["error"]
+    assert "schema id 2147483632 is not in Schema Registry" in rows[2]["error"]
     assert rows[3]["error"].startswith("envelope:")
 
     table = run_cli("browse", topic, "-b", kafka_bootstrap, "--schema-registry-url",
@@ -104,6 +111,34 @@ def test_registry_framed_values_decoded_and_bad_records_shown(
     assert table.exit_code == 0, table.output
     assert "[red]not markup[/red]" in table.stdout  # shown as written, not styled
     assert "[bad]" in table.stdout
+
+
+def test_header_format_records_show_their_id_expiry_and_payload(
+        run_cli, as_json, kafka_bootstrap, redis_url, key_prefix, new_topic,
+        schema_registry_url) -> None:
+    topic = new_topic(partitions=1)
+    config = make_config(kafka_bootstrap, redis_url, key_prefix, wire_format=WireFormat.HEADERS,
+                         schema_registry=SchemaRegistryConfig(url=schema_registry_url))
+    with GuardedProducer(config) as producer:
+        avro = producer.send(topic, an_order(1), schema=ORDER)
+        raw = producer.send(topic, b"raw bytes")
+        assert producer.flush(30) == 0
+    created = now_ms()
+    broken = [(k, v.encode()) for k, v in write_headers(
+        "not-used", created, created + 60_000, attempt=1, producer="p", source="/t",
+        schema=None, app=None).items() if k != ID]
+    _produce(kafka_bootstrap, topic, [b"x"], headers=broken)
+
+    rows = _browse(run_cli, as_json, topic, kafka_bootstrap, "-s", "billing",
+                   "--schema-registry-url", schema_registry_url)
+    assert [(r["format"], r["id"]) for r in rows[:2]] == [("headers", avro.id), ("headers", raw.id)]
+    assert rows[0]["payload"]["order_id"] == "order-1"
+    assert rows[0]["schema"] == ORDER
+    assert rows[0]["expires_at"] == render.iso_ms(avro.expires_at_ms)
+    assert rows[1]["payload"] == "raw bytes"
+    assert [r["dedup"] for r in rows[:2]] == [{"billing": "new"}] * 2
+    assert rows[2]["format"] == "bad"
+    assert f"missing header {ID}" in rows[2]["error"]
 
 
 def test_offset_count_and_partition_as_kcat_takes_them(run_cli, as_json, kafka_bootstrap,
