@@ -11,6 +11,8 @@ from eoguard.cli import render
 from eoguard.cli.context import DURATION, CliContext, NotFoundError, json_option, message_ids, pass_cli
 from eoguard.cli.resend import resend
 from eoguard.codec import EnvelopeCodec, PayloadCodec
+from eoguard.codec.headers import read_headers
+from eoguard.codec.registry_payloads import unframe
 from eoguard.errors import CodecError
 from eoguard.store.liveness import Liveness, LiveSet
 from eoguard.store.outbox import Outbox, RecordState
@@ -101,6 +103,28 @@ def _payload_json(value: Any) -> Any:
     return str(value)
 
 
+def _decoded(value: bytes, headers: dict[str, str]) -> tuple[dict[str, Any], Any]:
+    """A record's fields and payload as ``outbox show`` shows them; CodecError when they do
+    not decode. A record in the header wire format (docs/design.md §3) has its fields in its
+    headers; its registry-framed payload is shown as its schema id (no registry here)."""
+    fields = read_headers(headers)
+    if fields is not None:
+        return ({"wire_format": "headers", "id": fields.id, "producer": fields.producer,
+                 "attempt": fields.attempt, "created_at": render.iso_ms(fields.created_at_ms),
+                 "expires_at": render.iso_ms(fields.expires_at_ms),
+                 "payload_bytes": len(value), "headers": fields.app},
+                {"schema_id": unframe(value)[0]} if fields.avro else _payload_json(value))
+    env = EnvelopeCodec().decode(value)
+    return ({"id": env.id, "producer": env.producer, "attempt": env.attempt,
+             "created_at": render.iso_ms(env.created_at_ms),
+             "expires_at": render.iso_ms(env.expires_at_ms),
+             "payload_schema": env.payload_schema,
+             "payload_writer": (env.payload_fingerprint.hex()
+                                if env.payload_fingerprint else None),
+             "payload_bytes": len(env.payload), "headers": env.headers},
+            _payload_json(PayloadCodec().decode_envelope(env)))
+
+
 @outbox.command()
 @click.argument("message_id", callback=message_ids)
 @json_option
@@ -131,15 +155,7 @@ def show(cli: CliContext, message_id: str) -> None:
     payload: Any = None
     error: str | None = None
     try:
-        env = EnvelopeCodec().decode(rec.value)
-        envelope = {"id": env.id, "producer": env.producer, "attempt": env.attempt,
-                    "created_at": render.iso_ms(env.created_at_ms),
-                    "expires_at": render.iso_ms(env.expires_at_ms),
-                    "payload_schema": env.payload_schema,
-                    "payload_writer": (env.payload_fingerprint.hex()
-                                       if env.payload_fingerprint else None),
-                    "payload_bytes": len(env.payload), "headers": env.headers}
-        payload = _payload_json(PayloadCodec().decode_envelope(env))
+        envelope, payload = _decoded(rec.value, rec.headers)
     except CodecError as exc:
         error = f"{type(exc).__name__}: {exc}"
     data = {"record": record, "envelope": envelope, "payload": payload, "decode_error": error}
@@ -149,7 +165,10 @@ def show(cli: CliContext, message_id: str) -> None:
         "kafka headers": record["kafka_headers"] or None})]
     if envelope is not None:
         parts.append(render.key_values("envelope", envelope))
-        parts.append(render.key_values(f"payload ({envelope['payload_schema'] or 'raw bytes'})",
+        framed = isinstance(payload, dict) and "schema_id" in payload
+        kind = envelope.get("payload_schema") or ("registry-framed Avro" if framed
+                                                  else "raw bytes")
+        parts.append(render.key_values(f"payload ({kind})",
                                        payload if isinstance(payload, dict) else {"value": payload}))
     if error:
         parts.append(f"[red]value does not decode:[/red] {error}")

@@ -8,6 +8,8 @@ import time
 import pytest
 
 from eoguard.codec import EnvelopeCodec, PayloadCodec
+from eoguard.codec.headers import write_headers
+from eoguard.codec.registry_payloads import frame
 from eoguard.codec.schemas import SCHEMA_DIR_ENV, _default_registry
 from eoguard.config import KeepUntil
 from eoguard.store.keys import KeySpace
@@ -88,6 +90,33 @@ def test_show_a_record_whose_value_does_not_decode(run_cli, redis_client, seeded
     table = run_cli("outbox", "show", bad.id)
     assert table.exit_code == 0
     assert "does not decode" in table.stdout
+
+
+def test_show_a_record_in_the_header_format(run_cli, redis_client, seeded, as_json) -> None:
+    """Its fields come from its headers; a framed payload shows its schema id."""
+    base = outbox_record("orders", n=98)
+    heads = write_headers(base.id, base.created_at_ms, base.expires_at_ms, attempt=1,
+                          producer="p-live", source="/shop", schema="eoguard.example.Order",
+                          app={"trace": "t-98"})
+    framed = dataclasses.replace(base, value=frame(42, b"\x02x"), headers=heads)
+    other = outbox_record("orders", n=97)
+    raw = dataclasses.replace(other, value=b'{"n": 97}', headers=write_headers(
+        other.id, other.created_at_ms, other.expires_at_ms, attempt=1, producer="p-live",
+        source="/shop", schema=None, app=None))
+    Outbox(redis_client, seeded.keys).put([framed, raw], owner="p-live",
+                                          keep_until=KeepUntil.CONSUMED,
+                                          resend_after_ms=600_000)
+    data = as_json(run_cli("--json", "outbox", "show", framed.id))
+    assert data["decode_error"] is None
+    assert data["envelope"]["wire_format"] == "headers"
+    assert data["envelope"]["id"] == framed.id
+    assert data["envelope"]["headers"]["trace"] == "t-98"
+    assert data["payload"] == {"schema_id": 42}
+    assert as_json(run_cli("--json", "outbox", "show", raw.id))["payload"] == {
+        "base64": "eyJuIjogOTd9"}
+    table = run_cli("outbox", "show", framed.id)
+    assert table.exit_code == 0, table.output
+    assert "registry-framed" in table.stdout  # the title wraps at a word
 
 
 def test_show_unknown_id(run_cli) -> None:
