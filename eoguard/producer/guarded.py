@@ -173,11 +173,25 @@ class GuardedProducer:
         """
         if self._closed:
             raise ProducerClosedError("send after close")
-        key = check_send_args(topic, value, key, schema=schema, headers=headers, ttl_s=ttl_s,
-                              max_ttl_ms=self._max_ttl_ms, limits=self.config.input_limits)
         if on_guaranteed is not None or on_failed is not None:
             require_sync(on_guaranteed, "on_guaranteed", error=InvalidMessageError)
             require_sync(on_failed, "on_failed", error=InvalidMessageError)
+        msg = self._message(topic, value, key, ttl_s=ttl_s, schema=schema, headers=headers,
+                            message_id=message_id,
+                            on_guaranteed=on_guaranteed or self._on_guaranteed,
+                            on_failed=on_failed or self._on_failed)
+        self._admit(msg, wait=True)
+        return msg
+
+    # The two halves of send, also the async front's (eoguard.producer.aio) -------------
+    def _message(self, topic: str, value: Any, key: bytes | str | None, *,
+                 ttl_s: float | None, schema: str | None, headers: Mapping[str, str] | None,
+                 message_id: str | None, on_guaranteed: GuaranteedCallback | None,
+                 on_failed: FailedCallback | None) -> PendingMessage:
+        """The checked, encoded message of a ``send`` (its errors but the queue's), not yet
+        holding room."""
+        key = check_send_args(topic, value, key, schema=schema, headers=headers, ttl_s=ttl_s,
+                              max_ttl_ms=self._max_ttl_ms, limits=self.config.input_limits)
         mid = new_message_id() if message_id is None else caller_message_id(message_id)
         ttl_ms = self._ttl_ms if ttl_s is None else max(1, int(ttl_s * 1000))
         if self._headers_format:
@@ -211,16 +225,25 @@ class GuardedProducer:
             raise MessageTooLargeError(
                 f"message of {size} bytes exceeds max_message_bytes "
                 f"({self.config.max_message_bytes})", size=size, limit=self.config.max_message_bytes)
-        msg = PendingMessage(mid, topic, expires, self._done, key=key, value=data,
-                             created_at_ms=created, created_mono=time.monotonic(),
-                             on_guaranteed=on_guaranteed or self._on_guaranteed,
-                             on_failed=on_failed or self._on_failed, sink=self._sink,
-                             headers=record_headers)
-        self._ledger.send(msg, self.config.send_timeout_s, self._full_error, self._produce_now)
+        return PendingMessage(mid, topic, expires, self._done, key=key, value=data,
+                              created_at_ms=created, created_mono=time.monotonic(),
+                              on_guaranteed=on_guaranteed, on_failed=on_failed,
+                              sink=self._sink, headers=record_headers)
+
+    def _admit(self, msg: PendingMessage, *, wait: bool) -> None:
+        """Give ``msg`` room in the queue and line it up (delayed: hand it to librdkafka).
+
+        ``wait``: block up to ``send_timeout_s`` while the queue (or librdkafka's) is full;
+        else raise the full queue's error at once (the async front never blocks its loop).
+        """
+        if wait:
+            self._ledger.send(msg, self.config.send_timeout_s, self._full_error,
+                              self._produce_now)
+        else:
+            self._ledger.send(msg, 0.0, self._full_error, self._produce_at_once)
         self._sends += 1
         if not self._sends & 127:
             self._engine.serve_deliveries()
-        return msg
 
     def _framed_payload(self, topic: str, value: Any, schema: str | None,
                         headers: Mapping[str, str] | None) -> bytes:
@@ -267,6 +290,13 @@ class GuardedProducer:
                 raise BackpressureError(
                     f"librdkafka's queue stayed full for {self.config.send_timeout_s} s")
             time.sleep(0.001)
+
+    def _produce_at_once(self, msg: PendingMessage) -> None:
+        """delayed mode, not waiting: :class:`BackpressureError` when librdkafka's queue is
+        full (the ledger withdraws the message)."""
+        if not self._kafka.produce(msg.topic, msg.value, msg.key, headers=msg.headers,
+                                   on_delivery=msg.delivered):
+            raise BackpressureError("librdkafka's queue is full")
 
     def _full_error(self) -> EoguardError:
         limits = (f"{self.config.max_queue_messages} messages / "
