@@ -66,6 +66,7 @@ from eoguard.errors import (
     UnknownSchemaIdError,
 )
 from eoguard.modes import Durability, KeepUntil, PersistenceMode, WireFormat
+from eoguard.producer.aio import AsyncGuardedProducer
 from eoguard.producer.guarded import GuardedProducer
 from eoguard.producer.messages import MessageState, ProducerStats, SendHandle
 from eoguard.producer.recovery import RecoveryReport
@@ -73,6 +74,7 @@ from eoguard.store.dedup import ClaimResult, DedupStore
 from eoguard.store.keys import KeySpace
 
 __all__ = [
+    "AsyncGuardedProducer",
     "BackpressureError",
     "BadMagicError",
     "BrokerError",

@@ -5,6 +5,10 @@ job's hooks on its own threads and never awaits what they return: an ``async def
 would run nothing, yet count as done. :func:`require_sync` refuses one where it is taken
 (construction, a ``send`` call); :func:`awaitable_refused` catches a plain callable that
 returns an awaitable anyway, when it is called.
+
+The one exception is :class:`eoguard.AsyncGuardedProducer`'s ``on_guaranteed`` /
+``on_failed``: they run on the application's event loop, where an ``async def`` callback is
+run as a task (:mod:`eoguard.producer.aio`), so it does not call these.
 """
 
 from __future__ import annotations
