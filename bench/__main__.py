@@ -16,7 +16,7 @@ import time
 
 from bench import table
 
-SUITES = ("producer", "consumer", "latency", "spark", "wire")
+SUITES = ("producer", "async", "consumer", "latency", "spark", "wire")
 
 
 def main(argv: list[str]) -> int:
