@@ -13,7 +13,9 @@ timed from the first send until every task is done. Three ways, each to a fresh 
                             producer.produce(...))``, each envelope encoded as the sync
                             baseline does; its batches of min(1000, concurrency) messages
                             (1000 is its default: with fewer tasks than that, each batch would
-                            wait its 1 s buffer timeout);
+                            wait its 1 s buffer timeout), and a task calling ``poll(0.05)``
+                            (it serves delivery reports only when it produces a batch, so
+                            without one a batch's reports wait for the next batch);
   persist-first, delayed    AsyncGuardedProducer, ``await producer.send(...)``.
 
 Meanwhile a probe task sleeps 5 ms again and again and records how late it woke: the event
@@ -97,7 +99,15 @@ async def aio_baseline(bootstrap: str, topic: str, n: int, concurrency: int,
                                                b"k%d" % (i & 31))
             await delivered
 
-        return await drive(n, concurrency, send)
+        async def serve_reports() -> None:  # else a batch's reports wait for the next batch
+            while True:
+                await producer.poll(0.05)
+
+        poller = asyncio.create_task(serve_reports())
+        try:
+            return await drive(n, concurrency, send)
+        finally:
+            poller.cancel()
     finally:
         await producer.close()
 
