@@ -77,7 +77,7 @@ class AsyncGuardedProducer:
     Construction only keeps its arguments; ``await start()`` (or ``async with``) connects,
     registers the liveness lease and recovers on a worker thread, and binds the producer to
     the running loop: send from that loop only. Callbacks may be plain or ``async def``
-    functions; both run on that loop.
+    functions; both run on that loop (a plain one there and then: keep it short).
     """
 
     def __init__(self, config: ProducerConfig, *, registry: SchemaRegistry | None = None,
@@ -106,13 +106,16 @@ class AsyncGuardedProducer:
         self._state = _Lifecycle.STARTING
         self._loop = asyncio.get_running_loop()
         try:
-            self._producer = await asyncio.to_thread(
+            producer = await asyncio.to_thread(
                 GuardedProducer, self.config, registry=self._registry,
                 on_guaranteed=self._guaranteed, on_failed=self._failed)
         except BaseException:
             self._state = _Lifecycle.CLOSED
             raise
-        self._state = _Lifecycle.RUNNING
+        if self._state is _Lifecycle.CLOSED:  # close() was called while it started
+            await asyncio.to_thread(producer.close)
+            raise ProducerClosedError("the producer was closed while it started")
+        self._producer, self._state = producer, _Lifecycle.RUNNING
 
     async def close(self, timeout_s: float = 30.0) -> None:
         """Flush for up to ``timeout_s`` and stop (GuardedProducer.close, on a worker
