@@ -149,6 +149,11 @@ class RegistryPayloads:
             head = self._head(subject, schema)
         return head + self._payloads.encode(obj, schema)
 
+    def knows(self, schema: str, *, topic: str) -> bool:
+        """Whether :meth:`encode` has ``schema``'s id under ``topic``'s subject already (else
+        its first call asks Schema Registry)."""
+        return (subject_for(topic), schema) in self._heads
+
     def schema_id(self, schema: str, *, topic: str) -> int:
         """The id :meth:`encode` frames ``schema`` with under ``topic``'s subject."""
         subject = subject_for(topic)

@@ -159,6 +159,9 @@ class AsyncGuardedProducer:
         """
         request = _Request(topic, value, key, ttl_s, schema, headers, message_id,
                            on_guaranteed, on_failed)
+        registry_call = self._running("send")._registry_call(topic, schema)  # the front's half
+        if registry_call is not None:  # a schema's first send in the header wire format
+            await asyncio.to_thread(registry_call)
         try:
             future = self._send(request, wait=False)
         except (BackpressureError, PersistError):  # the queue is full: wait for room
@@ -175,8 +178,15 @@ class AsyncGuardedProducer:
 
         Never waits: a full queue raises :class:`BackpressureError` (persist-first with the
         outbox unreachable: :class:`PersistError`) at once, as ``asyncio.Queue.put_nowait``
-        does. Cancelling the future cancels only the wait, as with :meth:`send`.
+        does. Cancelling the future cancels only the wait, as with :meth:`send`. But a
+        schema's first send to a topic in the header wire format asks Schema Registry for its
+        id: that send is :meth:`send` run as a task (the call on a worker thread), its future
+        returned, and its errors come through that future.
         """
+        if self._running("send")._registry_call(topic, schema) is not None:  # the front's half
+            return asyncio.ensure_future(self.send(
+                topic, value, key, ttl_s=ttl_s, schema=schema, headers=headers,
+                message_id=message_id, on_guaranteed=on_guaranteed, on_failed=on_failed))
         return self._send(_Request(topic, value, key, ttl_s, schema, headers, message_id,
                                    on_guaranteed, on_failed), wait=False)
 
@@ -210,9 +220,7 @@ class AsyncGuardedProducer:
         settlement may be posted by another thread before admission returns)."""
         producer, loop = self._producer, self._loop
         if self._state is not _Lifecycle.RUNNING or producer is None or loop is None:
-            raise ProducerClosedError(
-                "send after close" if self._state is _Lifecycle.CLOSED
-                else "send before start(): await producer.start() or use async with")
+            raise self._not_running("send")
         msg = producer._message(  # the front's half of send
             request.topic, request.value, request.key, ttl_s=request.ttl_s,
             schema=request.schema, headers=request.headers, message_id=request.message_id,
@@ -317,10 +325,17 @@ class AsyncGuardedProducer:
     def instance_id(self) -> str:
         return self._running().instance_id
 
-    def _running(self) -> GuardedProducer:
+    def _running(self, what: str = "a call") -> GuardedProducer:
+        """The producer, once started (after close too: it refuses what it must itself)."""
         if self._producer is None:
-            raise ProducerClosedError("the producer was never started")
+            raise self._not_running(what)
         return self._producer
+
+    def _not_running(self, what: str) -> ProducerClosedError:
+        if self._state is _Lifecycle.CLOSED:
+            return ProducerClosedError(f"{what} after close")
+        return ProducerClosedError(
+            f"{what} before start(): await producer.start() or use async with")
 
     def __repr__(self) -> str:
         return (f"AsyncGuardedProducer(mode={self.config.mode.value!r}, "

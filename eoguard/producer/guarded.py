@@ -15,6 +15,7 @@ producer closed first).
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import os
 import socket
@@ -244,6 +245,15 @@ class GuardedProducer:
         self._sends += 1
         if not self._sends & 127:
             self._engine.serve_deliveries()
+
+    def _registry_call(self, topic: str, schema: str | None) -> Callable[[], object] | None:
+        """The Schema Registry call the next send of ``schema`` to ``topic`` would make (the
+        header wire format, a schema's first send to a topic), for the async front to run
+        off its event loop; None when no call is due."""
+        framed = self._framed
+        if schema is None or framed is None or framed.knows(schema, topic=topic):
+            return None
+        return functools.partial(framed.schema_id, schema, topic=topic)
 
     def _framed_payload(self, topic: str, value: Any, schema: str | None,
                         headers: Mapping[str, str] | None) -> bytes:

@@ -8,18 +8,24 @@ import threading
 
 import pytest
 
+from eoguard.config import SchemaRegistryConfig
 from eoguard.errors import (
     BackpressureError,
     BrokerError,
     InvalidMessageError,
     PersistError,
     ProducerClosedError,
+    RegistryUnavailableError,
 )
+from eoguard.modes import WireFormat
 from eoguard.producer.aio import AsyncGuardedProducer
 from eoguard.store.outbox import Outbox, RecordState
 from tests.async_kit import Ticker, run
 from tests.conftest import free_port
+from tests.consumer_kit import headers_of, read_all
+from tests.integration.test_header_format import an_order
 from tests.integration.test_producer import consume, make_config
+from tests.schema_versions import ORDER
 
 pytestmark = pytest.mark.integration
 
@@ -291,3 +297,34 @@ async def fill_waiting(producer: AsyncGuardedProducer, ids: list[str]) -> None:
     for _ in range(100):
         ids.append(await producer.send("t", b"x"))
     raise AssertionError("send never refused a message")
+
+
+def test_header_format_asks_the_registry_off_the_loop(kafka_bootstrap, redis_url, key_prefix,
+                                                       new_topic, schema_registry_url) -> None:
+    """A schema's first send to a topic asks Schema Registry for its id on a worker thread
+    (send_nowait returns send's task); later sends find it cached. An unreachable registry
+    raises RegistryUnavailableError, as the sync send does."""
+    topic = new_topic()
+    config = make_config(kafka_bootstrap, redis_url, key_prefix, wire_format=WireFormat.HEADERS,
+                         schema_registry=SchemaRegistryConfig(url=schema_registry_url))
+    nowhere = make_config(kafka_bootstrap, redis_url, key_prefix, wire_format=WireFormat.HEADERS,
+                          schema_registry=SchemaRegistryConfig(
+                              url=f"http://127.0.0.1:{free_port()}"))
+
+    async def main() -> list[str]:
+        async with AsyncGuardedProducer(config) as producer:
+            first = producer.send_nowait(topic, an_order(0), schema=ORDER)
+            assert isinstance(first, asyncio.Task)  # the registry call is due
+            ids = [await first]
+            later = producer.send_nowait(topic, an_order(1), schema=ORDER)
+            assert not isinstance(later, asyncio.Task)  # the id is cached
+            ids.append(await later)
+            ids.append(await producer.send(new_topic(), an_order(2), schema=ORDER))
+        async with AsyncGuardedProducer(nowhere) as producer:
+            with pytest.raises(RegistryUnavailableError):
+                await producer.send(topic, an_order(3), schema=ORDER)
+        return ids
+
+    ids = run(main())
+    assert len(set(ids)) == 3
+    assert {headers_of(m)["ce_id"] for m in read_all(kafka_bootstrap, topic, 2)} == set(ids[:2])
