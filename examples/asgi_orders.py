@@ -90,8 +90,11 @@ def main() -> None:
     parser.add_argument("--lease-s", type=float, default=10.0,
                         help="liveness lease: a crashed instance's outbox is resent after it")
     parser.add_argument("--recover-interval-s", type=float, default=5.0)
+    parser.add_argument("--linger-ms", type=int, default=5,
+                        help="librdkafka's linger.ms: how long a record may wait for a batch")
     args = parser.parse_args()
-    config = ProducerConfig(kafka={"bootstrap.servers": args.bootstrap},
+    config = ProducerConfig(kafka={"bootstrap.servers": args.bootstrap,
+                                   "linger.ms": args.linger_ms},
                             redis=RedisConfig(url=args.redis),
                             keyspace=KeySpace(prefix=args.prefix), lease_s=args.lease_s,
                             recover_interval_s=args.recover_interval_s)

@@ -2,12 +2,13 @@
 
 A client process (tests/fault/workers/orders_client.py) sends 1,000 orders at once; the app
 answers each once its message is guaranteed (AsyncGuardedProducer, persist-first). Mid-way
-the app is SIGKILLed and started again on the same port: it recovers the dead instance's
-outbox once that instance's lease lapsed, and answers the requests the client sends again
-(those that never reached it). A GuardedConsumer process (consumer_worker.py) handles the
-topic with a Redis-transactional effect per message id. Checked: every order answered 2xx
-is handled exactly once, an order answered with an error (or no answer) at most once, and
-nothing else is handled.
+the app is SIGKILLed (dropping the records lingering in librdkafka) and started again on the
+same port: it resends the dead instance's outbox records once that instance's lease lapsed,
+and answers the requests the client sends again (those that never reached it). A
+GuardedConsumer process (consumer_worker.py) handles the topic with a Redis-transactional
+effect per message id. Checked: every order answered 2xx is on the topic and handled exactly
+once, an order answered with an error (or no answer) at most once, nothing else is handled,
+and the restarted app resent some records.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from eoguard.envelope import message_id_for
 from eoguard.store.keys import KeySpace
 from tests.conftest import free_port
 from tests.fault.consumer_fault_kit import Worker, effect_counts, unique_group
+from tests.fault.producer_fault_kit import read_topic
 
 pytestmark = pytest.mark.fault
 
@@ -34,6 +36,9 @@ ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "examples" / "asgi_orders.py"
 ORDERS, CONNECTIONS = 1_000, 100
 LEASE_S = 1.5
+# Records wait this long in librdkafka after their order was answered (persist-first: in the
+# outbox): the SIGKILL drops the latest ones there, and the restarted app's recovery resends.
+LINGER_MS = 500
 
 
 class App:
@@ -46,7 +51,8 @@ class App:
         self.proc = subprocess.Popen(
             [sys.executable, str(APP), "--bootstrap", bootstrap, "--redis", redis_url,
              "--topic", topic, "--prefix", prefix, "--port", str(port),
-             "--lease-s", str(LEASE_S), "--recover-interval-s", "1"],
+             "--lease-s", str(LEASE_S), "--recover-interval-s", "1",
+             "--linger-ms", str(LINGER_MS)],
             stdout=self.log, stderr=self.log, cwd=ROOT)
         self.instance = self._wait_ready()
 
@@ -117,15 +123,20 @@ def test_app_killed_mid_way_answers_2xx_only_for_orders_handled_exactly_once(
     consumer.stop()
     client_redis.close()
 
+    on_topic, resends = read_topic(kafka_bootstrap, topic, expect_ids=want)
     twice = {mid: n for mid, n in counts.items() if n != 1}
     unanswered_handled = {ids[o] for o in failed} & seen
     print(f"\n{ORDERS} orders over {CONNECTIONS} connections; SIGKILL after {kill_at} answers; "
           f"answered 2xx {len(answered)} (first instance {by_instance[first]}, restarted "
           f"{by_instance[app.instance]}), errors {len(failed)} (of which handled "
-          f"{len(unanswered_handled)}); handled {len(seen)}, counters not 1: {len(twice)}")
+          f"{len(unanswered_handled)}); handled {len(seen)}, counters not 1: {len(twice)}; "
+          f"records on the topic {sum(on_topic.values())}, resent by recovery "
+          f"{sum(resends.values())}")
     assert len(results) == ORDERS
     assert by_instance[first] >= kill_at  # killed mid-way: both instances answered
     assert by_instance[app.instance] > 0
+    assert sum(resends.values()) > 0  # the restarted app recovered its predecessor's outbox
+    assert want <= on_topic.keys()
     assert want <= seen  # every 2xx order handled ...
     assert not twice  # ... and no order handled twice (2xx or not)
     assert seen <= set(ids.values())  # nothing handled that was not ordered
