@@ -163,7 +163,7 @@ class AsyncGuardedProducer:
         if registry_call is not None:  # a schema's first send in the header wire format
             await asyncio.to_thread(registry_call)
         try:
-            future = self._send(request, wait=False)
+            future = self._send(request)
         except (BackpressureError, PersistError):  # the queue is full: wait for room
             future = await self._send_waiting(request)
         return await future
@@ -188,12 +188,13 @@ class AsyncGuardedProducer:
                 topic, value, key, ttl_s=ttl_s, schema=schema, headers=headers,
                 message_id=message_id, on_guaranteed=on_guaranteed, on_failed=on_failed))
         return self._send(_Request(topic, value, key, ttl_s, schema, headers, message_id,
-                                   on_guaranteed, on_failed), wait=False)
+                                   on_guaranteed, on_failed))
 
-    def _send(self, request: _Request, *, wait: bool) -> asyncio.Future[str]:
+    def _send(self, request: _Request) -> asyncio.Future[str]:
+        """The message admitted at once (the full queue's error raised at once), its future."""
         producer, msg, future = self._prepare(request)
         try:
-            producer._admit(msg, wait=wait)  # the front's half of send
+            producer._admit(msg, wait=False)  # the front's half of send
         except BaseException:
             del self._waiters[msg]
             raise
