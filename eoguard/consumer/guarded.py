@@ -66,7 +66,7 @@ from eoguard.consumer.batch import BatchProcessor
 from eoguard.consumer.dead_letter import DeadLetterRouter
 from eoguard.consumer.handler import BatchHandler, ContextEnv, Handler
 from eoguard.consumer.leases import BatchLeases
-from eoguard.consumer.pipeline import Pipeline
+from eoguard.consumer.pipeline import MARKING_WAIT_S, Pipeline
 from eoguard.consumer.rewind import Rewinds
 from eoguard.consumer.state import ConsumerStats
 from eoguard.consumer.trace import TracedPipeline, TraceRecord
@@ -165,7 +165,7 @@ class GuardedConsumer:
         consumed = 0
         try:
             pipe = self._pipe
-            raw = self._consume(self.config.poll_timeout_s if pipe.idle else 0.0)  # Step 1.
+            raw = self._consume(self._poll_wait(pipe))  # Step 1.
             consumed = len(raw)
             pipe.read_ahead(raw)  # Steps 2-3; the claims (Step 4) go with the next round trip
             more = bool(raw)
@@ -235,6 +235,13 @@ class GuardedConsumer:
         self.close()
 
     # The pipeline ------------------------------------------------------------------------
+    def _poll_wait(self, pipe: Pipeline) -> float:
+        """How long Step 1 waits for a record: the poll timeout when nothing is held, a moment
+        when only done marks are in flight (they land meanwhile), else not at all."""
+        if pipe.idle:
+            return self.config.poll_timeout_s
+        return min(MARKING_WAIT_S, self.config.poll_timeout_s) if pipe.marking_only else 0.0
+
     def _consume(self, timeout_s: float) -> list[Message]:
         # Wait for one record at most, then take what is fetched already: consume(n, t) would
         # wait the whole timeout for n records, and a trickle would wait with it.

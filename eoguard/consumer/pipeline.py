@@ -36,9 +36,13 @@ lone message is handled in the poll that read it and committed in the next.
 
 Overlap buys throughput at the price of latency: three polls between read and handled. So it
 is used only when the consumer is behind. While it keeps up - the last read brought fewer
-than ``light_below`` records (a quarter of ``batch_size`` in GuardedConsumer) - every round
-trip lands in the poll that sent it: a batch read at poll k is claimed at k, handled and
-committed at k+1. Once reads fill up again (the consumer fell behind), overlap resumes.
+than ``light_below`` records (a quarter of ``batch_size`` in GuardedConsumer) - a batch read
+at poll k is claimed and handled at k, and its done marks land at k+1 (which waits up to
+``MARKING_WAIT_S`` for records meanwhile), after the claims of the batch read then were sent:
+the done marks are answered while the consumer reads Kafka, and a poll waits on Redis for its
+claims only (with ``appendfsync always`` each reply waits for an fsync; waiting for both, the
+poll loop of bench.bench_latency spent half its time at 20% load waiting on Redis). Once reads
+fill up again (the consumer fell behind), overlap resumes.
 """
 
 from __future__ import annotations
@@ -60,10 +64,15 @@ from eoguard.kafka.consumer import Partition
 from eoguard.store.dedup import ClaimReport, DoneReport
 from eoguard.store.scripts import Prepared
 
-__all__ = ["FLIGHTS_OUT", "Landed", "Pipeline", "RoundTrip", "Send"]
+__all__ = ["FLIGHTS_OUT", "MARKING_WAIT_S", "Landed", "Pipeline", "RoundTrip", "Send"]
 
 FLIGHTS_OUT = 2
 """Round trips sent and not read yet, in the steady state."""
+
+MARKING_WAIT_S = 0.01
+"""How long a poll with only done marks in flight waits for records before it lands them:
+about an AOF fsync (``appendfsync always``), so a record arriving meanwhile has its claims
+sent while Redis answers the done marks, and a commit waits no longer than this for it."""
 
 class Landed(NamedTuple):
     """A round trip's replies, by part: each claimed batch with its claim report, and the
@@ -139,6 +148,12 @@ class Pipeline:
         """Nothing consumed is waiting to be handled or committed."""
         return not (self._decoded or self._flights or self._claimed)
 
+    @property
+    def marking_only(self) -> bool:
+        """Nothing is waiting to be handled: what is in flight is done marks only (a
+        consumer keeping up, between two reads; the poll may wait a little for records)."""
+        return not (self._decoded or self._claimed or any(f.claims for f in self._flights))
+
     def wants_more(self) -> bool:
         """Whether fewer batches are read ahead than keep Redis answering while we work."""
         ahead = len(self._claimed) + len(self._decoded)
@@ -161,23 +176,27 @@ class Pipeline:
         return batch
 
     def next_batch(self) -> Batch | None:
-        """The oldest claimed batch, landing round trips as needed; None when nothing is left."""
+        """The oldest claimed batch, landing round trips as needed; None when nothing is left.
+
+        With nothing claimed, what was read goes out first, in a round trip of its own, and
+        only then do the round trips in flight land: Redis answers the new claims while the
+        older replies are read, instead of after them (one fsync waited for, not two).
+        """
+        if not self._claimed and self._decoded:  # a run starts: claim what was read, at once
+            self._flights.append(self.round_trip(self._batches, self._send,
+                                                 claims=self._decoded))
+            self._decoded = []  # once sent: a failed send leaves them here
         while not self._claimed:
-            if self._flights:
-                self._land()
-            elif self._decoded:  # a run starts: claim what was read, on its own
-                self._flights.append(self.round_trip(self._batches, self._send,
-                                                     claims=self._decoded))
-                self._decoded = []  # once sent: a failed send leaves them here
-            else:
+            if not self._flights:
                 return None
+            self._land()
         return self._claimed[0]
 
     def handle(self, batch: Batch) -> None:
         """Steps 5-6 for the batch :meth:`next_batch` gave, and one round trip: the claims of
-        the batches decoded since, then its done marks; it lands ``FLIGHTS_OUT`` polls later,
-        unless this batch has messages to retry (Step 7 needs them now) or the consumer keeps
-        up (no overlap needed: everything lands now).
+        the batches decoded since, then its done marks; it lands ``FLIGHTS_OUT`` polls later
+        (at the next poll while the consumer keeps up), unless this batch has messages to
+        retry or BUSY ones (Step 7 needs them now).
 
         The claims go first: a copy, in those batches, of a message this batch handled finds
         it held (BUSY) and is claimed again once this batch's done marks land (a DUPLICATE
@@ -189,7 +208,7 @@ class Pipeline:
         self._decoded = []  # once sent: a failed send leaves every batch where it was
         self._flights.append(flight)
         self._claimed.popleft()
-        keep = 0 if failed or batch.busy or self._keeping_up else FLIGHTS_OUT
+        keep = 0 if failed or batch.busy else 1 if self._keeping_up else FLIGHTS_OUT
         while len(self._flights) > keep:
             self._land()
 
