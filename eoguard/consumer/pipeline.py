@@ -201,6 +201,11 @@ class Pipeline:
         The claims go first: a copy, in those batches, of a message this batch handled finds
         it held (BUSY) and is claimed again once this batch's done marks land (a DUPLICATE
         then), instead of a copy of a failed message taking it over from under its retry.
+        While the consumer keeps up, the next read's claims go out on their own connection
+        after these done marks (:meth:`next_batch`), in either order at Redis: a copy of a
+        message whose done mark was refused may then take it over; its batch handles it and
+        the retry finds it a DUPLICATE, so its effects still apply once
+        (tests/integration/test_light_done_in_flight.py).
         """
         ok, failed = self._batches.handle(batch.items)  # Steps 5 and 6 (outputs).
         flight = self.round_trip(self._batches, self._send, claims=self._decoded, done=batch,
