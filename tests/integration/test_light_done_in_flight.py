@@ -84,12 +84,12 @@ def hold_done_marks(consumer: GuardedConsumer, before_send: Callable[[], None] |
 
 
 def wait_for_records_while_marking(consumer: GuardedConsumer) -> None:
-    """With only done marks in flight, the poll waits for a record (not 10 ms): the next
+    """With only done marks in flight, the poll waits up to 2 s for a record (not 10 ms): the next
     batch is read, and its claims sent, while those done marks are in flight."""
     real = consumer._poll_wait
 
     def poll_wait(pipe: Any) -> float:
-        return 10.0 if pipe.marking_only else real(pipe)
+        return 2.0 if pipe.marking_only else real(pipe)
     consumer._poll_wait = poll_wait  # type: ignore[method-assign]
 
 
