@@ -21,8 +21,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import enum
+import functools
 import inspect
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, NamedTuple
@@ -104,11 +106,17 @@ class AsyncGuardedProducer:
         if self._state is not _Lifecycle.NEW:
             raise ProducerClosedError(f"start() on a producer that is {self._state.value}")
         self._state = _Lifecycle.STARTING
-        self._loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
+        building = loop.run_in_executor(None, functools.partial(
+            GuardedProducer, self.config, registry=self._registry,
+            on_guaranteed=self._guaranteed, on_failed=self._failed))
         try:
-            producer = await asyncio.to_thread(
-                GuardedProducer, self.config, registry=self._registry,
-                on_guaranteed=self._guaranteed, on_failed=self._failed)
+            producer = await asyncio.shield(building)
+        except asyncio.CancelledError:
+            # The thread goes on connecting: the producer it builds is closed, not leaked.
+            self._state = _Lifecycle.CLOSED
+            building.add_done_callback(_close_when_built)
+            raise
         except BaseException:
             self._state = _Lifecycle.CLOSED
             raise
@@ -341,3 +349,11 @@ class AsyncGuardedProducer:
     def __repr__(self) -> str:
         return (f"AsyncGuardedProducer(mode={self.config.mode.value!r}, "
                 f"state={self._state.value})")
+
+
+def _close_when_built(building: asyncio.Future[GuardedProducer]) -> None:
+    """A cancelled start()'s producer, once its thread built it: closed on a thread of its
+    own (not the loop's executor, which may be shutting down with the loop by then)."""
+    if building.cancelled() or building.exception() is not None:
+        return
+    threading.Thread(target=building.result().close, name="eoguard-close-cancelled-start").start()

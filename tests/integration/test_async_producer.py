@@ -4,7 +4,10 @@ mode that fails when any step blocked the loop over 100 ms (tests/async_kit.py).
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
+import time
 
 import pytest
 
@@ -19,6 +22,7 @@ from eoguard.errors import (
 )
 from eoguard.modes import WireFormat
 from eoguard.producer.aio import AsyncGuardedProducer
+from eoguard.store.liveness import Liveness
 from eoguard.store.outbox import Outbox, RecordState
 from tests.async_kit import Ticker, run
 from tests.conftest import free_port
@@ -328,3 +332,36 @@ def test_header_format_asks_the_registry_off_the_loop(kafka_bootstrap, redis_url
     ids = run(main())
     assert len(set(ids)) == 3
     assert {headers_of(m)["ce_id"] for m in read_all(kafka_bootstrap, topic, 2)} == set(ids[:2])
+
+
+def test_a_cancelled_start_closes_the_producer_its_thread_goes_on_building(
+        kafka_bootstrap, private_redis, key_prefix) -> None:
+    """Redis is stopped (SIGSTOP) while start() connects; the start is cancelled, then Redis
+    continues: the thread finishes building the producer, which is then closed (its liveness
+    lease dropped), not left running with nobody to close it."""
+    config = make_config(kafka_bootstrap, private_redis.address, key_prefix)
+    pid = private_redis.pid()
+
+    async def main() -> None:
+        producer = AsyncGuardedProducer(config)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            starting = asyncio.create_task(producer.start())
+            await asyncio.sleep(0.3)  # the worker thread is connecting, held by Redis
+            assert not starting.done()
+            starting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await starting
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        with pytest.raises(ProducerClosedError):
+            await producer.send("t", b"x")
+
+    run(main())  # its executor's shutdown waits for the building thread
+    client = private_redis.client(timeout_s=5.0)
+    live = Liveness(client, config.keyspace)
+    deadline = time.monotonic() + 30
+    while live.live_count() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print(f"producers holding a liveness lease after the cancelled start: {live.live_count()}")
+    assert live.live_count() == 0, "the producer the cancelled start built was never closed"
