@@ -361,15 +361,20 @@ def decode(raw: DataFrame, registry: SchemaRegistry, *, payload_schema: str | No
 
 
 def classify(rows: DataFrame, payload: Column, tail: list[Rule], *, max_ttl_ms: int,
-             limits: InputLimits, boundary: str = "") -> DataFrame:
+             limits: InputLimits, boundary: str = "", unexpired: list[Rule] | None = None
+             ) -> DataFrame:
     """Step 5 of every decode that builds an envelope struct (``_env``, times as epoch-ms
     longs) from a record: ``rows`` hold it, its canonical id (``_id``) and the reason of the
     first rule broken before the expiry bound (``_head``); ``tail`` are the rules after it,
     ``payload`` the output's payload. The output columns, as :func:`decode` says.
     ``boundary`` tells its observations (:func:`clock_boundary`) from another decode's in one
-    query (their names must differ)."""
+    query (their names must differ). ``unexpired`` are rules judged only on a row not expired
+    (the header format's payload rules: a consumer drops an expired record unread)."""
     env, value = F.col("_env"), F.col("value")
-    rows = clock_boundary(rows.withColumn("_tail", first_broken(tail)), CLOCK_BOUNDARY + boundary)
+    rows = rows.withColumn("_tail", first_broken(tail))
+    if unexpired:
+        rows = rows.withColumn("_unexpired", first_broken(unexpired))
+    rows = clock_boundary(rows, CLOCK_BOUNDARY + boundary)
     # Step 5, behind the boundary: the only expressions that read the micro-batch's clock.
     now_ms = F.unix_millis(F.current_timestamp())  # the micro-batch's: the same on a replay
     expires_ms = env.getField("expires_at")
@@ -377,6 +382,7 @@ def classify(rows: DataFrame, payload: Column, tail: list[Rule], *, max_ttl_ms: 
         F.col("_head"),
         first_broken([beyond_max_ttl(env, now_ms=now_ms, max_ttl_ms=max_ttl_ms, limits=limits)]),
         F.col("_tail"),
+        F.when(expires_ms > now_ms, F.col("_unexpired")) if unexpired else F.lit(None),
     )).withColumn(
         "status",
         F.when(F.col("reason").isNotNull(), F.lit(RowStatus.MALFORMED.value))

@@ -18,7 +18,8 @@ Kafka headers (the source's ``includeHeaders``). Per row, as a GuardedConsumer r
           given (the output is then the reader's struct), else into the reader's version of
           the writer's name, only to judge the body (the output keeps the raw value). Any
           other content type: the value is the payload, raw.
-  Step 5. Classify as the envelope decode does.
+  Step 5. Classify as the envelope decode does; Step 4's rules only for a row not expired
+          (a consumer drops an expired record before reading its payload).
 
 A schema id the plan does not hold (registered after the query started) stops the
 micro-batch with :data:`NEW_SCHEMA_ID` in the error before anything of it is committed (a
@@ -339,5 +340,6 @@ def decode_headers(raw: DataFrame, plan: HeaderPlan, registry: SchemaRegistry, *
     rows = rows.withColumn("_id", canonical_id(env.getField("id"))).withColumn(
         "_head", first_broken(head + before))
     rows, payload, rules = header_payload(fence(rows), plan, registry, payload_schema)  # 4.
-    return classify(rows, payload, after + rules, max_ttl_ms=max_ttl_ms, limits=limits,
-                    boundary="_headers")
+    # the payload's rules only for a record not expired: a consumer drops that one unread
+    return classify(rows, payload, after, max_ttl_ms=max_ttl_ms, limits=limits,
+                    boundary="_headers", unexpired=rules)
