@@ -9,10 +9,17 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 import uuid
 from collections import Counter
 from decimal import Decimal
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -403,3 +410,81 @@ def test_a_registry_outage_is_retried_never_dead_lettered(
               schema_registry=registry(schema_registry_url))
     drain([up], lambda: bool(seen))
     assert seen == [sent.id]
+
+
+_RELAY = """
+import socket, sys, threading
+up = ("127.0.0.1", int(sys.argv[2]))
+srv = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+def pipe(a, b):
+    try:
+        while data := a.recv(65536):
+            b.sendall(data)
+    except OSError:
+        pass
+    for s in (a, b):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+while True:
+    c, _ = srv.accept()
+    u = socket.create_connection(up)
+    threading.Thread(target=pipe, args=(c, u), daemon=True).start()
+    threading.Thread(target=pipe, args=(u, c), daemon=True).start()
+"""
+
+
+def test_a_registry_that_hangs_mid_stream_rewinds_the_batch_in_order(
+        make, new_topic, kafka_bootstrap, redis_url, key_prefix, schema_registry_url,
+        tmp_path) -> None:
+    """The registry stops answering (its process stopped: here a relay in front of it, this
+    test's own) after a consumer cached one writer id and before it meets another: nothing is
+    dead-lettered, the batch is re-read once it answers, every order handled once, in order."""
+    topic = new_topic(1)
+    older = SchemaRegistry.from_dir(schema_dir(tmp_path, "older"))
+    newer = SchemaRegistry.from_dir(schema_dir(tmp_path, "newer"))
+    sent: list[str] = []
+    with header_producer(kafka_bootstrap, redis_url, key_prefix, schema_registry_url,
+                         schemas=older) as producer:
+        sent += [producer.send(topic, an_order(n), schema=ORDER).id for n in range(5)]
+        assert producer.flush(30) == 0
+    url = urlsplit(schema_registry_url)
+    port = free_port()
+    relay = subprocess.Popen([sys.executable, "-c", _RELAY, str(port), str(url.port)])
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # the relay listens
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        seen: list[str] = []
+        consumer = make([topic], lambda ctx: seen.append(ctx.message_id), shards=8,
+                        batch_size=2,
+                        schema_registry=registry(
+                            f"http://127.0.0.1:{port}{url.path}", options={"timeout": 2}))
+        drain([consumer], lambda: len(seen) >= len(sent))  # the older writer id cached
+        os.kill(relay.pid, signal.SIGSTOP)
+        renewed = {k: v for k, v in an_order(9).items() if k != "note"} | {"gift_wrap": True}
+        with header_producer(kafka_bootstrap, redis_url, key_prefix, schema_registry_url,
+                             schemas=newer) as producer:
+            sent.append(producer.send(topic, renewed, schema=ORDER).id)
+            assert producer.flush(30) == 0
+        with header_producer(kafka_bootstrap, redis_url, key_prefix, schema_registry_url,
+                             schemas=older) as producer:
+            sent += [producer.send(topic, an_order(n), schema=ORDER).id for n in (5, 6)]
+            assert producer.flush(30) == 0
+        drain([consumer], lambda: consumer.stats().store_outages >= 2, timeout_s=120)
+        assert consumer.stats().dead_lettered == 0
+        assert seen == sent[:len(seen)]
+        os.kill(relay.pid, signal.SIGCONT)
+        drain([consumer], lambda: len(seen) >= len(sent), timeout_s=120)
+        assert consumer.stats().dead_lettered == 0
+        assert seen == sent
+    finally:
+        os.kill(relay.pid, signal.SIGCONT)
+        relay.kill()
+        relay.wait()
