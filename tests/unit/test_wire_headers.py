@@ -90,6 +90,14 @@ def test_a_raw_send_may_not_claim_the_avro_content_type() -> None:
         check_app_headers({"content-type": "Application/Avro"}, raw=True)
 
 
+def test_a_raw_send_may_name_its_content_type_once() -> None:
+    """Two spellings of content-type would be one header twice on the record, which every
+    reader refuses (the record would go to the dead letters of each consumer)."""
+    with pytest.raises(ReservedHeaderError, match="more than once"):
+        check_app_headers({"Content-Type": "application/json", "content-type": "text/plain"},
+                          raw=True)
+
+
 @pytest.mark.parametrize(("text", "ms"), [
     ("2027-01-15T08:00:00.123Z", CREATED),
     ("2027-01-15t08:00:00.123z", CREATED),
