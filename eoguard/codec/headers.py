@@ -163,12 +163,18 @@ def app_headers(headers: Mapping[str, str]) -> dict[str, str]:
 
 def check_app_headers(headers: Mapping[str, str], *, raw: bool) -> None:
     """:class:`ReservedHeaderError` when ``headers`` (a send's) use a reserved name; a raw
-    payload (``raw``) may name its own ``content-type``, other than the Avro one."""
+    payload (``raw``) may name its own ``content-type``, other than the Avro one, once (two
+    spellings would be one header twice on the record, which every reader refuses)."""
+    named = False
     for name, value in headers.items():
         lower = name.lower()
         if lower not in RESERVED:
             continue
         if lower == CONTENT_TYPE and raw and value.lower() != AVRO_CONTENT_TYPE:
+            if named:
+                raise ReservedHeaderError(f"header {name!r}: content-type given more than "
+                                          f"once (in two spellings)", header=name)
+            named = True
             continue
         raise ReservedHeaderError(
             f"header {name!r} is reserved by the header wire format (eoguard writes it)"
