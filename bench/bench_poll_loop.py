@@ -23,6 +23,7 @@ import uuid
 
 from confluent_kafka import Producer
 
+from bench.bench_consumer import percentile
 from bench.bench_latency import FETCH, STAMP
 from bench.bench_producer import KAFKA, PlainEncoder, make_topic
 from eoguard.config import ConsumerConfig, RedisConfig
@@ -42,10 +43,6 @@ def feed(producer: Producer, topic: str, rate: float, count: int) -> None:
         producer.produce(topic, encoder.encode(STAMP.pack(due) + b"x" * 192, 600_000))
         producer.poll(0)
     producer.flush(30)
-
-
-def at(values: list[float], q: float) -> float:
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def one_round(bootstrap: str, redis_url: str, rate: float, seconds: float, batch: int) -> None:
@@ -72,7 +69,7 @@ def one_round(bootstrap: str, redis_url: str, rate: float, seconds: float, batch
         sender = threading.Thread(target=feed, args=(producer, topic, rate, count))
         sender.start()
         calls: list[float] = []
-        reads: list[int] = []
+        reads: list[float] = []
         while len(latencies) < count:
             started = time.perf_counter()
             got = consumer.poll_once()
@@ -83,15 +80,13 @@ def one_round(bootstrap: str, redis_url: str, rate: float, seconds: float, batch
         stats = consumer.stats()
     finally:
         consumer.close()
-    latencies.sort()
-    calls.sort()
-    reads.sort()
+    at = percentile
     print(f"  send -> handler ms: p50 {at(latencies, 0.5):.1f}  p99 {at(latencies, 0.99):.1f}  "
           f"p999 {at(latencies, 0.999):.1f}")
     print(f"  poll_once: {len(calls)} calls, ms p50 {at(calls, 0.5):.2f}  p99 "
-          f"{at(calls, 0.99):.2f}  max {calls[-1]:.1f}; loop {sum(calls) / 1000:.2f} s")
-    print(f"  records per reading call: mean {statistics.mean(reads):.1f}  p50 {at(reads, 0.5)}  "
-          f"p99 {at(reads, 0.99)}  max {reads[-1]}")
+          f"{at(calls, 0.99):.2f}  max {max(calls):.1f}; loop {sum(calls) / 1000:.2f} s")
+    print(f"  records per reading call: mean {statistics.mean(reads):.1f}  "
+          f"p50 {at(reads, 0.5):.0f}  p99 {at(reads, 0.99):.0f}  max {max(reads)}")
     print(f"  waited on Redis {stats.redis_wait_s - waited:.2f} s over "
           f"{stats.claim_round_trips - trips} round trips")
 
