@@ -41,7 +41,7 @@ at poll k is claimed and handled at k, and its done marks land at k+1 (which wai
 ``MARKING_WAIT_S`` for records meanwhile), after the claims of the batch read then were sent:
 the done marks are answered while the consumer reads Kafka, and a poll waits on Redis for its
 claims only (with ``appendfsync always`` each reply waits for an fsync; waiting for both, the
-poll loop of bench.bench_latency spent half its time at 20% load waiting on Redis). Once reads
+poll loop of bench.bench_poll_loop spent half its time at 20% load waiting on Redis). Once reads
 fill up again (the consumer fell behind), overlap resumes.
 """
 
