@@ -16,7 +16,11 @@ Pre-produces ~200-byte envelopes once, then reads them all four ways, each in a 
        timed) every envelope is stored in a fresh outbox as a GuardedProducer left it (kept
        until consumed, marked published), so each done mark also deletes its outbox record;
   (c)  the per-message dedup of common idempotency utilities: loop (a) plus one Redis
-       ``SET NX PX`` round trip per message, over the first ``--set-nx-messages`` records.
+       ``SET NX PX`` round trip per message, over the first ``--set-nx-messages`` records;
+  (f)  the Redis floor of a dedup store: loop (a) plus one pipeline per poll of a ``SET NX
+       PXAT`` per message, no script; (f+) adds a ``DEL`` per message (an acknowledgement).
+       Redis CPU per message of (b) against (f), and of (b+) against (f+), is printed as
+       min / median / max and as a ratio of medians;
 
 and a second topic of ~200-byte JSON orders no eoguard producer wrote, two ways:
 
@@ -113,8 +117,10 @@ def make_topic(bootstrap: str, partitions: int) -> str:
 
 def plain_loop(bootstrap: str, topic: str, total: int, batch: int,
                per_message: Callable[[object], None] | None = None,
-               decode: Callable[[bytes], object] = plain_decode) -> float:
-    """Seconds from the first record to the last, decoding every envelope."""
+               decode: Callable[[bytes], object] = plain_decode,
+               per_batch: Callable[[list[Any]], None] | None = None) -> float:
+    """Seconds from the first record to the last, decoding every envelope; ``per_batch`` is
+    given each poll's decoded envelopes (before its commit)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"b-{uuid.uuid4().hex[:8]}",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
     consumer.subscribe([topic])
@@ -124,15 +130,19 @@ def plain_loop(bootstrap: str, topic: str, total: int, batch: int,
             msgs = consumer.consume(batch, 1.0)
             if msgs and not started:
                 started, process = time.perf_counter(), process_cpu_s()
+            envs = []
             for msg in msgs:
                 if msg.error() is not None:
                     continue
                 env = decode(msg.value())
                 if per_message is not None:
                     per_message(env)
+                envs.append(env)
                 seen += 1
                 if seen == total:  # the topic may hold more (loop (c) reads a part of it)
                     break
+            if per_batch is not None and envs:
+                per_batch(envs)
             if msgs:
                 consumer.commit(asynchronous=True)
         elapsed = time.perf_counter() - started
@@ -163,7 +173,8 @@ def seed_outbox(redis_url: str, keyspace: KeySpace, topic: str, sent: list[Envel
 
 def guarded_loop(bootstrap: str, redis_url: str, topic: str, total: int, batch: int,
                  plain_records: PlainRecords | None = None,
-                 acked: list[Envelope] | None = None) -> float:
+                 acked: list[Envelope] | None = None,
+                 redis_us: list[float] | None = None) -> float:
     """Seconds from the first record to the last handled; with ``acked`` (the topic's
     envelopes), outbox acknowledgements on, over an outbox seeded with them first."""
     keyspace = KeySpace(prefix=f"bench{uuid.uuid4().hex[:6]}")
@@ -187,6 +198,8 @@ def guarded_loop(bootstrap: str, redis_url: str, topic: str, total: int, batch: 
         stats = consumer.stats()
         assert stats.handled == total, stats
         us = 1e6 / total
+        if redis_us is not None:
+            redis_us.append(server * us)
         if acked is not None:
             records = f"{keyspace.prefix}:ob:*:r:*"
             left = sum(1 for _ in info.scan_iter(match=records, count=10_000))
@@ -200,6 +213,45 @@ def guarded_loop(bootstrap: str, redis_url: str, topic: str, total: int, batch: 
         consumer.close()
         info.close()
         forget(redis_url, keyspace.pattern())
+
+
+def floor_loop(bootstrap: str, redis_url: str, topic: str, total: int, batch: int, *,
+               delete: bool, sent: list[Envelope], redis_us: list[float]) -> float:
+    """The Redis floor of a dedup store: loop (a) plus, per poll, one pipeline of a ``SET key
+    value NX PXAT`` per message (and, with ``delete``, a ``DEL`` of a key seeded for each, as
+    an outbox acknowledgement does), no script. Prints Redis's CPU per message: the least a
+    claim (and an acknowledgement) can cost with AOF ``appendfsync always``."""
+    client = redis.Redis.from_url(redis_url)
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    try:
+        if delete:  # untimed: one key per message for the DELs to remove
+            for start in range(0, len(sent), 1000):
+                pipe = client.pipeline(transaction=False)
+                for env in sent[start:start + 1000]:
+                    pipe.set(f"{prefix}:ob:{env.id}", b"r")
+                pipe.execute()
+        pxat = int(time.time() * 1000) + 3_600_000
+
+        def write(envs: list[Any]) -> None:
+            pipe = client.pipeline(transaction=False)
+            for env in envs:
+                pipe.set(f"{prefix}:dd:{env['id']}", b"d", nx=True, pxat=pxat)
+                if delete:
+                    pipe.delete(f"{prefix}:ob:{env['id']}")
+            pipe.execute()
+
+        server = redis_cpu_s(client)
+        elapsed = plain_loop(bootstrap, topic, total, batch, per_batch=write)
+        redis_us.append((redis_cpu_s(client) - server) / total * 1e6)
+        print(f"    cpu per message: Redis {redis_us[-1]:.1f} us")
+        return elapsed
+    finally:
+        client.close()
+        forget(redis_url, f"{prefix}:*")
+
+
+def _mmm(values: list[float]) -> str:
+    return f"{min(values):.1f} / {statistics.median(values):.1f} / {max(values):.1f}"
 
 
 def process_cpu_s() -> float:
@@ -356,16 +408,25 @@ def main() -> None:
         finally:
             forget(ends.redis_url, f"{prefix}:*")
 
+    server_us: dict[str, list[float]] = {"(b)": [], "(b+)": [], "(f)": [], "(f+)": []}
     runs = {
         "(a)": ("plain consumer + plain fastavro decode", lambda: plain_loop(
             ends.kafka_bootstrap, topic, total, args.batch)),
         "(a')": ("plain consumer + eoguard's codec", lambda: plain_loop(
             ends.kafka_bootstrap, topic, total, args.batch, decode=eoguard_decode)),
         "(b)": ("GuardedConsumer, no-op handler", lambda: guarded_loop(
-            ends.kafka_bootstrap, ends.redis_url, topic, total, args.batch)),
+            ends.kafka_bootstrap, ends.redis_url, topic, total, args.batch,
+            redis_us=server_us["(b)"])),
         "(b+)": ("GuardedConsumer, outbox acks on", lambda: guarded_loop(
-            ends.kafka_bootstrap, ends.redis_url, topic, total, args.batch, acked=sent)),
+            ends.kafka_bootstrap, ends.redis_url, topic, total, args.batch, acked=sent,
+            redis_us=server_us["(b+)"])),
         "(c)": ("(a) + SET NX per message", set_nx_loop),
+        "(f)": ("(a) + pipelined SET per message (floor)", lambda: floor_loop(
+            ends.kafka_bootstrap, ends.redis_url, topic, total, args.batch, delete=False,
+            sent=sent, redis_us=server_us["(f)"])),
+        "(f+)": ("(f) + pipelined DEL per message (floor)", lambda: floor_loop(
+            ends.kafka_bootstrap, ends.redis_url, topic, total, args.batch, delete=True,
+            sent=sent, redis_us=server_us["(f+)"])),
         "(p)": ("plain consumer + json.loads, plain topic", lambda: plain_loop(
             ends.kafka_bootstrap, plain_topic, total, args.batch, decode=json.loads)),
         "(q)": ("GuardedConsumer plain_records, no-op", lambda: guarded_loop(
@@ -403,6 +464,11 @@ def main() -> None:
     print(f"(b)/(a') median {med['(b)'] / med[old]:.2f}  min {low['(b)'] / low[old]:.2f}")
     print(f"(b)/(c)  median {med['(b)'] / med['(c)']:.1f}  min {low['(b)'] / low['(c)']:.1f}"
           f"   (target >= 25)")
+    for key, floor in (("(b)", "(f)"), ("(b+)", "(f+)")):
+        mine, least = server_us[key], server_us[floor]
+        print(f"Redis CPU per message {key} {_mmm(mine)} us, floor {floor} {_mmm(least)} us: "
+              f"{key}/{floor} median {statistics.median(mine) / statistics.median(least):.2f}"
+              "   (target <= 1.5)")
     print(f"(q)/(p)  median {med['(q)'] / med['(p)']:.2f}  min {low['(q)'] / low['(p)']:.2f}"
           f"   (plain topic: GuardedConsumer against its json.loads loop)")
 

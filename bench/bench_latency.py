@@ -8,7 +8,9 @@ from that due time (a sender that falls behind adds its lag, as a real load woul
 moment the handler sees it, in a consumer process of its own. Three pipelines, each at a
 trickle of 50 msg/s and at 20% and 60% of the callback baseline's maximum rate (``--max-rate``;
 else the producer suite's median when ``python -m bench`` ran it first, else the median of three
-runs of ``bench.bench_producer``'s callback baseline):
+runs of ``bench.bench_producer``'s callback baseline), and persist-first and plain once more at
+60% of persist-first's own maximum (``--persist-first-max-rate``, found the same way), since at
+60% of the callback baseline persist-first is past what it can send:
 
   plain           confluent-kafka producer (idempotent, acks=all, per-message callback,
                   fastavro envelope) -> confluent-kafka ``poll()`` loop (auto-commit, as a
@@ -24,9 +26,10 @@ Both consumers use the same fetch settings (``fetch.wait.max.ms``, ``fetch.min.b
 the same ``linger.ms`` on the producers. Rounds are interleaved (every pipeline at every rate,
 then again), since one point's tail moves with whatever else the machine did in those seconds.
 Prints each point's p50/p99 (p999 only where a point has at least 10,000 samples), then per
-pipeline and rate the min and median over the rounds of p50 and p99 and of their difference
+pipeline and rate the min, median and max over the rounds of p50 and p99 and of their difference
 to plain in the same round. Each point also prints the longest stalls Redis's latency monitor
-saw meanwhile (an AOF fsync, a fork), which explain an eoguard tail plain does not have.
+saw meanwhile (an AOF fsync, a fork), which explain an eoguard tail plain does not have, and
+how busy the machine's cores were (``cpu``, every process's share of every core).
 With ``--trace`` the eoguard consumers run in trace mode and each eoguard point also prints
 where its tail messages spent their time, stage by stage (:mod:`bench.trace_report`).
 """
@@ -47,7 +50,7 @@ import redis
 from confluent_kafka import Consumer, Producer
 
 from bench import table
-from bench.bench_producer import KAFKA, PlainEncoder, baseline, make_topic
+from bench.bench_producer import KAFKA, PlainEncoder, baseline, guarded, make_topic
 from bench.trace_report import SchedStat, TracedRun, report, tasks
 from eoguard.codec import ENVELOPE_SCHEMA, SchemaRegistry
 from eoguard.config import ConsumerConfig, ProducerConfig, RedisConfig
@@ -61,6 +64,7 @@ FETCH = {"fetch.wait.max.ms": 10, "fetch.min.bytes": 1}
 STAMP = struct.Struct("<d")  # the payload: the message's due time, epoch seconds
 PIPELINES = ("plain", "persist-first", "delayed")
 SPLITS = ("persist-first>plain", "delayed>plain", "plain>guarded")
+POINTS = ("trickle", "20%", "60%", "60% pf")
 
 
 def sides(pipeline: str) -> tuple[str, str]:
@@ -188,6 +192,26 @@ def point(pipeline: str, bootstrap: str, redis_url: str, rate: float, seconds: f
     return sorted(latencies), traced
 
 
+class MachineBusy:
+    """The share of the machine's CPU time (every core, /proc/stat) spent busy around a point:
+    near 100%, a pipeline that falls behind is bound by the cores it shares with the broker and
+    Redis, and no change inside eoguard's wait on Redis can keep it up."""
+
+    def __init__(self) -> None:
+        self.start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[int, int]:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        return sum(fields) - idle, sum(fields)
+
+    def share(self) -> float:
+        busy, total = self._read()
+        return (busy - self.start[0]) / max(1, total - self.start[1])
+
+
 class RedisStalls:
     """Redis's own latency monitor around a point: its longest event (an AOF fsync under
     ``appendfsync always``, a fork) explains a tail no client-side timer can. Best effort:
@@ -233,6 +257,17 @@ def callback_max_rate(bootstrap: str) -> float:
                                                callback=True)[0] for _ in range(3))
 
 
+def persist_first_max_rate(bootstrap: str, redis_url: str) -> float:
+    """persist-first's own msg/s, as :func:`callback_max_rate` finds the baseline's."""
+    measured = next((row.median for row in table.ROWS
+                     if row.suite == "producer" and row.path == "persist-first"), None)
+    if measured is not None:
+        return measured
+    topic = make_topic(bootstrap, 4)
+    return statistics.median(30_000 / guarded(bootstrap, redis_url, topic, 30_000, b"x" * 200,
+                                              "persist-first")[0] for _ in range(3))
+
+
 def summary(lat: list[float]) -> str:
     def at(q: float) -> float:
         return lat[min(len(lat) - 1, int(len(lat) * q))]
@@ -253,35 +288,48 @@ def main() -> None:
     parser.add_argument("--split", action="store_true", help="also each side alone: the "
                         "GuardedProducer read by a plain loop, and GuardedConsumer reading "
                         "the plain producer")
+    parser.add_argument("--persist-first-max-rate", type=float, help="persist-first's own "
+                        "msg/s, for its point at 60%% of it (measured first when not given)")
+    parser.add_argument("--points", nargs="+", choices=POINTS, default=list(POINTS),
+                        help="which load points to run (default: all)")
     args = parser.parse_args()
     pipelines = PIPELINES + (SPLITS if args.split else ())
     ends, _ = LocalStack().up()
     redis_url = args.redis_url or ends.redis_url
     max_rate = args.max_rate or callback_max_rate(ends.kafka_bootstrap)
-    rates = [("trickle", 50.0), ("20%", 0.2 * max_rate), ("60%", 0.6 * max_rate)]
-    print(f"callback baseline max {max_rate:,.0f} msg/s; {args.seconds:.0f} s per point; "
+    own_rate = ((args.persist_first_max_rate or persist_first_max_rate(ends.kafka_bootstrap,
+                                                                       redis_url))
+                if "60% pf" in args.points else 0.0)
+    rates = [("trickle", 50.0, pipelines), ("20%", 0.2 * max_rate, pipelines),
+             ("60%", 0.6 * max_rate, pipelines),
+             ("60% pf", 0.6 * own_rate, ("plain", "persist-first"))]
+    rates = [point for point in rates if point[0] in args.points]
+    print(f"callback baseline max {max_rate:,.0f} msg/s; persist-first max {own_rate:,.0f} "
+          f"msg/s ('60% pf' is 60% of it); {args.seconds:.0f} s per point; "
           f"{args.rounds} interleaved rounds; consumers {FETCH}; producers {KAFKA}")
     found: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for round_no in range(1, args.rounds + 1):
         print(f"round {round_no} of {args.rounds}", flush=True)
-        for label, rate in rates:
-            for pipeline in pipelines:
-                stalls = RedisStalls(redis_url)
+        for label, rate, names in rates:
+            for pipeline in names:
+                stalls, busy = RedisStalls(redis_url), MachineBusy()
                 lat, traced = point(pipeline, ends.kafka_bootstrap, redis_url, rate,
                                     args.seconds, args.trace)
                 seen, history = stalls.worst()
+                cpu = busy.share()
                 found.setdefault((label, pipeline), []).append(
                     (lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))]))
                 print(f"  {label:8s} {rate:8,.0f} msg/s  {pipeline:19s} {summary(lat)}"
+                      + f"  cpu {cpu:4.0%}"
                       + (f"  [Redis stalls: {seen}]" if seen else ""), flush=True)
                 if traced is not None:
                     print("\n".join(f"    {line}" for line in report(traced, seen, history)),
                           flush=True)
-    print(f"\nover {args.rounds} rounds, ms: p50 and p99 as min / median; the difference to "
-          "plain in the same round as min / median")
-    for label, rate in rates:
+    print(f"\nover {args.rounds} rounds, ms: p50 and p99 as min / median / max; the difference "
+          "to plain in the same round likewise")
+    for label, rate, names in rates:
         plain = found[(label, "plain")]
-        for pipeline in pipelines:
+        for pipeline in names:
             got = found[(label, pipeline)]
             p50s, p99s = [p for p, _ in got], [p for _, p in got]
             line = (f"{label:8s} {rate:8,.0f} msg/s  {pipeline:19s} p50 {_mm(p50s)}  "
@@ -298,9 +346,9 @@ def main() -> None:
 
 
 def _mm(values: list[float], sign: str = "") -> str:
-    """min / median of ``values``; ``sign="+"`` for differences."""
-    return (f"{min(values):{sign}7.1f} / {statistics.median(values):{sign}7.1f}" if values
-            else "-")
+    """min / median / max of ``values``; ``sign="+"`` for differences."""
+    return (f"{min(values):{sign}.1f} / {statistics.median(values):{sign}.1f} / "
+            f"{max(values):{sign}.1f}" if values else "-")
 
 if __name__ == "__main__":
     main()
