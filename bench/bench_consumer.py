@@ -66,6 +66,7 @@ import redis
 from confluent_kafka import Consumer, Producer
 
 from bench import table
+from bench.machine_cpu import MachineCpu
 from eoguard.codec import EnvelopeCodec, PayloadCodec
 from eoguard.codec.plain import Lifetime, PlainRecords, id_from_field
 from eoguard.codec.schemas import default_schema_dir
@@ -118,7 +119,8 @@ def make_topic(bootstrap: str, partitions: int) -> str:
 def plain_loop(bootstrap: str, topic: str, total: int, batch: int,
                per_message: Callable[[object], None] | None = None,
                decode: Callable[[bytes], object] = plain_decode,
-               per_batch: Callable[[list[Any]], None] | None = None) -> float:
+               per_batch: Callable[[list[Any]], None] | None = None,
+               machine_us: list[float] | None = None) -> float:
     """Seconds from the first record to the last, decoding every envelope; ``per_batch`` is
     given each poll's decoded envelopes (before its commit)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"b-{uuid.uuid4().hex[:8]}",
@@ -129,7 +131,7 @@ def plain_loop(bootstrap: str, topic: str, total: int, batch: int,
         while seen < total:
             msgs = consumer.consume(batch, 1.0)
             if msgs and not started:
-                started, process = time.perf_counter(), process_cpu_s()
+                started, process, machine = time.perf_counter(), process_cpu_s(), MachineCpu()
             envs = []
             for msg in msgs:
                 if msg.error() is not None:
@@ -146,6 +148,8 @@ def plain_loop(bootstrap: str, topic: str, total: int, batch: int,
             if msgs:
                 consumer.commit(asynchronous=True)
         elapsed = time.perf_counter() - started
+        if machine_us is not None:
+            machine_us.append(machine.per_message_us(total))
         print(f"    cpu per message: this process {(process_cpu_s() - process) / total * 1e6:.1f} us")
         return elapsed
     finally:
@@ -174,7 +178,8 @@ def seed_outbox(redis_url: str, keyspace: KeySpace, topic: str, sent: list[Envel
 def guarded_loop(bootstrap: str, redis_url: str, topic: str, total: int, batch: int,
                  plain_records: PlainRecords | None = None,
                  acked: list[Envelope] | None = None,
-                 redis_us: list[float] | None = None) -> float:
+                 redis_us: list[float] | None = None,
+                 machine_us: list[float] | None = None) -> float:
     """Seconds from the first record to the last handled; with ``acked`` (the topic's
     envelopes), outbox acknowledgements on, over an outbox seeded with them first."""
     keyspace = KeySpace(prefix=f"bench{uuid.uuid4().hex[:6]}")
@@ -192,7 +197,7 @@ def guarded_loop(bootstrap: str, redis_url: str, topic: str, total: int, batch: 
         while consumer.stats().handled < total:
             if consumer.poll_once() and not started:
                 started, cpu = time.perf_counter(), time.thread_time()
-                process, server = process_cpu_s(), redis_cpu_s(info)
+                process, server, machine = process_cpu_s(), redis_cpu_s(info), MachineCpu()
         elapsed, cpu = time.perf_counter() - started, time.thread_time() - cpu
         process, server = process_cpu_s() - process, redis_cpu_s(info) - server
         stats = consumer.stats()
@@ -200,6 +205,8 @@ def guarded_loop(bootstrap: str, redis_url: str, topic: str, total: int, batch: 
         us = 1e6 / total
         if redis_us is not None:
             redis_us.append(server * us)
+        if machine_us is not None:
+            machine_us.append(machine.per_message_us(total))
         if acked is not None:
             records = f"{keyspace.prefix}:ob:*:r:*"
             left = sum(1 for _ in info.scan_iter(match=records, count=10_000))
@@ -409,14 +416,16 @@ def main() -> None:
             forget(ends.redis_url, f"{prefix}:*")
 
     server_us: dict[str, list[float]] = {"(b)": [], "(b+)": [], "(f)": [], "(f+)": []}
+    machine_us: dict[str, list[float]] = {"(a)": [], "(a')": [], "(b)": []}
     runs = {
         "(a)": ("plain consumer + plain fastavro decode", lambda: plain_loop(
-            ends.kafka_bootstrap, topic, total, args.batch)),
+            ends.kafka_bootstrap, topic, total, args.batch, machine_us=machine_us["(a)"])),
         "(a')": ("plain consumer + eoguard's codec", lambda: plain_loop(
-            ends.kafka_bootstrap, topic, total, args.batch, decode=eoguard_decode)),
+            ends.kafka_bootstrap, topic, total, args.batch, decode=eoguard_decode,
+            machine_us=machine_us["(a')"])),
         "(b)": ("GuardedConsumer, no-op handler", lambda: guarded_loop(
             ends.kafka_bootstrap, ends.redis_url, topic, total, args.batch,
-            redis_us=server_us["(b)"])),
+            redis_us=server_us["(b)"], machine_us=machine_us["(b)"])),
         "(b+)": ("GuardedConsumer, outbox acks on", lambda: guarded_loop(
             ends.kafka_bootstrap, ends.redis_url, topic, total, args.batch, acked=sent,
             redis_us=server_us["(b+)"])),
@@ -469,6 +478,10 @@ def main() -> None:
         print(f"Redis CPU per message {key} {_mmm(mine)} us, floor {floor} {_mmm(least)} us: "
               f"{key}/{floor} median {statistics.median(mine) / statistics.median(least):.2f}"
               "   (target <= 1.5)")
+    spent = {key: statistics.median(values) for key, values in machine_us.items()}
+    for base in ("(a)", "(a')"):
+        print(f"machine CPU per message (b) {spent['(b)']:.1f} us, {base} {spent[base]:.1f} us: "
+              f"where the cores bound both, (b)/{base} <= {spent[base] / spent['(b)']:.2f}")
     print(f"(q)/(p)  median {med['(q)'] / med['(p)']:.2f}  min {low['(q)'] / low['(p)']:.2f}"
           f"   (plain topic: GuardedConsumer against its json.loads loop)")
 

@@ -51,6 +51,7 @@ from confluent_kafka import Consumer, Producer
 
 from bench import table
 from bench.bench_producer import KAFKA, PlainEncoder, baseline, guarded, make_topic
+from bench.machine_cpu import MachineCpu
 from bench.trace_report import SchedStat, TracedRun, report, tasks
 from eoguard.codec import ENVELOPE_SCHEMA, SchemaRegistry
 from eoguard.config import ConsumerConfig, ProducerConfig, RedisConfig
@@ -192,26 +193,6 @@ def point(pipeline: str, bootstrap: str, redis_url: str, rate: float, seconds: f
     return sorted(latencies), traced
 
 
-class MachineBusy:
-    """The share of the machine's CPU time (every core, /proc/stat) spent busy around a point:
-    near 100%, a pipeline that falls behind is bound by the cores it shares with the broker and
-    Redis, and no change inside eoguard's wait on Redis can keep it up."""
-
-    def __init__(self) -> None:
-        self.start = self._read()
-
-    @staticmethod
-    def _read() -> tuple[int, int]:
-        with open("/proc/stat", encoding="ascii") as stat:
-            fields = [int(v) for v in stat.readline().split()[1:]]
-        idle = fields[3] + fields[4]  # idle + iowait
-        return sum(fields) - idle, sum(fields)
-
-    def share(self) -> float:
-        busy, total = self._read()
-        return (busy - self.start[0]) / max(1, total - self.start[1])
-
-
 class RedisStalls:
     """Redis's own latency monitor around a point: its longest event (an AOF fsync under
     ``appendfsync always``, a fork) explains a tail no client-side timer can. Best effort:
@@ -312,7 +293,7 @@ def main() -> None:
         print(f"round {round_no} of {args.rounds}", flush=True)
         for label, rate, names in rates:
             for pipeline in names:
-                stalls, busy = RedisStalls(redis_url), MachineBusy()
+                stalls, busy = RedisStalls(redis_url), MachineCpu()
                 lat, traced = point(pipeline, ends.kafka_bootstrap, redis_url, rate,
                                     args.seconds, args.trace)
                 seen, history = stalls.worst()

@@ -38,6 +38,7 @@ import redis
 from confluent_kafka import Producer
 
 from bench import table
+from bench.machine_cpu import MachineCpu
 from eoguard.codec import ENVELOPE_SCHEMA, MAGIC, SchemaRegistry
 from eoguard.config import ProducerConfig, RedisConfig
 from eoguard.producer.guarded import GuardedProducer
@@ -110,7 +111,7 @@ def baseline(bootstrap: str, topic: str, n: int, payload: bytes, *,
     extra = {"on_delivery": delivered} if callback else {}
     producer.produce(topic, encoder.encode(payload, 600_000))  # warm: metadata, connections
     producer.flush(30)
-    started, cpu = time.perf_counter(), time.process_time()
+    started, cpu, machine = time.perf_counter(), time.process_time(), MachineCpu()
     for i in range(n):
         value = encoder.encode(payload, 600_000)
         while True:
@@ -124,7 +125,8 @@ def baseline(bootstrap: str, topic: str, n: int, payload: bytes, *,
     left = producer.flush(120)
     assert left == 0, f"{left} messages not delivered"
     assert not failed, failed[:3]
-    return time.perf_counter() - started, {"cpu_us": (time.process_time() - cpu) / n * 1e6}
+    return time.perf_counter() - started, {"cpu_us": (time.process_time() - cpu) / n * 1e6,
+                                           "machine_us": machine.per_message_us(n)}
 
 
 def guarded(bootstrap: str, redis_url: str, topic: str, n: int, payload: bytes,
@@ -151,7 +153,7 @@ def guarded(bootstrap: str, redis_url: str, topic: str, n: int, payload: bytes,
         producer.send(topic, payload)  # warm: metadata, connections, scripts
         producer.flush(30)
         base = producer.stats()
-        meter = CpuMeter(admin)
+        meter, machine = CpuMeter(admin), MachineCpu()
         started = time.perf_counter()
         for i in range(n):
             if i & 15:
@@ -165,6 +167,7 @@ def guarded(bootstrap: str, redis_url: str, topic: str, n: int, payload: bytes,
         left = producer.flush(120)
         elapsed = time.perf_counter() - started
         cpu_us, redis_us = meter.per_message_us(n)
+        machine_us = machine.per_message_us(n)
         assert left == 0, f"{left} messages outstanding"
         stats = producer.stats()
     admin.close()
@@ -179,6 +182,7 @@ def guarded(bootstrap: str, redis_url: str, topic: str, n: int, payload: bytes,
         "guaranteed": stats.guaranteed - base.guaranteed,
         "cpu_us": cpu_us,
         "redis_us": redis_us,
+        "machine_us": machine_us,
     }
 
 
@@ -197,7 +201,7 @@ def run(variant: str, bootstrap: str, redis_url: str, n: int, partitions: int,
 
 def describe(info: list[dict[str, float]], n: int) -> str:
     med = {key: statistics.median(i[key] for i in info) for key in info[0]}
-    text = f"cpu {med['cpu_us']:.1f} us/msg"
+    text = f"cpu {med['cpu_us']:.1f} us/msg (machine {med['machine_us']:.1f})"
     if "persisted" in med:
         text += (f", redis {med['redis_us']:.1f} us/msg; redis writes {med['persisted']:.0f} "
                  f"({med['persisted'] / n:.1%}), avoided {med['avoided']:.0f}; guaranteed "
@@ -261,6 +265,12 @@ def main() -> None:
         print(f"{v:28s} {min(rates[v]):10,.0f} {medians[v]:10,.0f}  {ratio_cb} {ratio_ff}  "
               f"{describe(infos[v], n)}")
         add_row(v, rates[v], infos[v], n, args.payload)
+    if VARIANTS[1] in variants:
+        base = statistics.median(i["machine_us"] for i in infos[VARIANTS[1]])
+        for v in variants[variants.index(VARIANTS[1]) + 1:]:
+            cost = statistics.median(i["machine_us"] for i in infos[v])
+            print(f"{v}: machine CPU per message {cost / base:.2f}x the callback baseline's: "
+                  f"where the cores are what bounds both, {base / cost:.2f}x is its ceiling")
     redis.Redis.from_url(redis_url).close()
 
 

@@ -1,0 +1,38 @@
+"""The machine's busy CPU time, every process on every core (``/proc/stat``).
+
+On a machine whose cores the client, the broker and Redis share, a pipeline's ceiling is the
+machine's CPU per message: a variant that costs the machine twice the CPU per message of its
+baseline cannot pass half its rate once the cores are busy, whatever it waits on.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["MachineCpu"]
+
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def _read() -> tuple[int, int]:
+    """(busy, total) jiffies so far, summed over the cores."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+class MachineCpu:
+    """Busy CPU since construction: as a share of every core's time, or per message."""
+
+    def __init__(self) -> None:
+        self._busy, self._total = _read()
+
+    def share(self) -> float:
+        """Busy time over all time, every core (1.0: every core busy throughout)."""
+        busy, total = _read()
+        return (busy - self._busy) / max(1, total - self._total)
+
+    def per_message_us(self, n: int) -> float:
+        """Busy CPU microseconds per message, every process (broker and Redis included)."""
+        return (_read()[0] - self._busy) * _TICK_S / n * 1e6
