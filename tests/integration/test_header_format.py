@@ -465,7 +465,7 @@ def test_a_registry_that_hangs_mid_stream_rewinds_the_batch_in_order(
         consumer = make([topic], lambda ctx: seen.append(ctx.message_id), shards=8,
                         batch_size=2,
                         schema_registry=registry(
-                            f"http://127.0.0.1:{port}{url.path}", options={"timeout": 2}))
+                            f"http://127.0.0.1:{port}{url.path}", options={"timeout": 2, "max.retries": 0}))
         drain([consumer], lambda: len(seen) >= len(sent))  # the older writer id cached
         os.kill(relay.pid, signal.SIGSTOP)
         renewed = {k: v for k, v in an_order(9).items() if k != "note"} | {"gift_wrap": True}
