@@ -269,8 +269,8 @@ def main() -> None:
         base = statistics.median(i["machine_us"] for i in infos[VARIANTS[1]])
         for v in variants[variants.index(VARIANTS[1]) + 1:]:
             cost = statistics.median(i["machine_us"] for i in infos[v])
-            print(f"{v}: machine CPU per message {cost / base:.2f}x the callback baseline's: "
-                  f"where the cores are what bounds both, {base / cost:.2f}x is its ceiling")
+            print(f"{v}: machine CPU per message {cost / base:.2f}x the callback baseline's "
+                  f"(its ceiling on a machine both keep busy: {base / cost:.2f}x)")
     redis.Redis.from_url(redis_url).close()
 
 

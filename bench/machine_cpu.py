@@ -1,8 +1,10 @@
 """The machine's busy CPU time, every process on every core (``/proc/stat``).
 
-On a machine whose cores the client, the broker and Redis share, a pipeline's ceiling is the
-machine's CPU per message: a variant that costs the machine twice the CPU per message of its
-baseline cannot pass half its rate once the cores are busy, whatever it waits on.
+On a machine whose cores the client, the broker and Redis share, the machine's CPU per message
+sets a ceiling once the cores are busy: a variant that costs twice its baseline's cannot pass
+half its rate then. Below that (a single Python thread, or waits, bound the rate) the ratio is
+the cost, not a bound. Every process counts: the figures mean something only with nothing
+else running.
 """
 
 from __future__ import annotations
