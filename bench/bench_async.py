@@ -33,6 +33,7 @@ import time
 
 from bench import table
 from bench.bench_producer import KAFKA, PlainEncoder, make_topic
+from bench.stats import percentile
 from eoguard.config import ProducerConfig, RedisConfig
 from eoguard.producer.aio import AsyncGuardedProducer
 from eoguard.stack import LocalStack
@@ -59,10 +60,6 @@ class LagProbe:
     def stop(self) -> list[float]:
         self._task.cancel()
         return sorted(self.lags)
-
-
-def percentile(values: list[float], p: float) -> float:
-    return values[min(len(values) - 1, int(len(values) * p / 100))] if values else float("nan")
 
 
 async def drive(n: int, concurrency: int, send) -> tuple[float, list[float], list[float]]:
@@ -136,8 +133,8 @@ def run(variant: str, bootstrap: str, redis_url: str, n: int, concurrency: int, 
         coro = guarded(bootstrap, redis_url, topic, n, concurrency, payload, variant)
     elapsed, waits, lags = asyncio.run(coro)
     return n / elapsed, {
-        "p50_ms": 1000 * percentile(waits, 50), "p99_ms": 1000 * percentile(waits, 99),
-        "lag_p50_ms": 1000 * percentile(lags, 50), "lag_p99_ms": 1000 * percentile(lags, 99),
+        "p50_ms": 1000 * percentile(waits, 0.5), "p99_ms": 1000 * percentile(waits, 0.99),
+        "lag_p50_ms": 1000 * percentile(lags, 0.5), "lag_p99_ms": 1000 * percentile(lags, 0.99),
         "lag_max_ms": 1000 * (lags[-1] if lags else float("nan"))}
 
 

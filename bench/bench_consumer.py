@@ -67,6 +67,7 @@ from confluent_kafka import Consumer, Producer
 
 from bench import table
 from bench.machine_cpu import MachineCpu
+from bench.stats import percentile
 from eoguard.codec import EnvelopeCodec, PayloadCodec
 from eoguard.codec.plain import Lifetime, PlainRecords, id_from_field
 from eoguard.codec.schemas import default_schema_dir
@@ -364,11 +365,6 @@ def _feed(producer: Producer, topic: str, rate: float, count: int) -> None:
     producer.flush(30)
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=100_000)
@@ -491,8 +487,10 @@ def main() -> None:
               f"{args.fetch_wait_ms} (send -> handler, ms):")
         found = latency(ends.kafka_bootstrap, ends.redis_url, args.rate, args.latency_s,
                         args.fetch_wait_ms, args.rounds)
-        p50 = {name: [percentile(run, 0.5) for run in runs] for name, runs in found.items()}
-        p99 = {name: [percentile(run, 0.99) for run in runs] for name, runs in found.items()}
+        p50 = {name: [percentile(sorted(run), 0.5) for run in runs]
+               for name, runs in found.items()}
+        p99 = {name: [percentile(sorted(run), 0.99) for run in runs]
+               for name, runs in found.items()}
         for name in found:
             print(f"  {name:8s} p50 per round {[round(v, 1) for v in p50[name]]}   "
                   f"p99 per round {[round(v, 1) for v in p99[name]]}")

@@ -52,6 +52,7 @@ from confluent_kafka import Consumer, Producer
 from bench import table
 from bench.bench_producer import KAFKA, PlainEncoder, baseline, guarded, make_topic
 from bench.machine_cpu import MachineCpu
+from bench.stats import percentile
 from bench.trace_report import SchedStat, TracedRun, report, tasks
 from eoguard.codec import ENVELOPE_SCHEMA, SchemaRegistry
 from eoguard.config import ConsumerConfig, ProducerConfig, RedisConfig
@@ -250,11 +251,9 @@ def persist_first_max_rate(bootstrap: str, redis_url: str) -> float:
 
 
 def summary(lat: list[float]) -> str:
-    def at(q: float) -> float:
-        return lat[min(len(lat) - 1, int(len(lat) * q))]
-
-    text = f"n={len(lat):6d}  p50 {at(0.5):7.1f} ms  p99 {at(0.99):7.1f} ms"
-    return text + (f"  p999 {at(0.999):7.1f} ms" if len(lat) >= 10_000 else "")
+    text = (f"n={len(lat):6d}  p50 {percentile(lat, 0.5):7.1f} ms  "
+            f"p99 {percentile(lat, 0.99):7.1f} ms")
+    return text + (f"  p999 {percentile(lat, 0.999):7.1f} ms" if len(lat) >= 10_000 else "")
 
 
 def main() -> None:
@@ -299,7 +298,7 @@ def main() -> None:
                 seen, history = stalls.worst()
                 cpu = busy.share()
                 found.setdefault((label, pipeline), []).append(
-                    (lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))]))
+                    (percentile(lat, 0.5), percentile(lat, 0.99)))
                 print(f"  {label:8s} {rate:8,.0f} msg/s  {pipeline:19s} {summary(lat)}"
                       + f"  cpu {cpu:4.0%}"
                       + (f"  [Redis stalls: {seen}]" if seen else ""), flush=True)

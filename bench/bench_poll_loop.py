@@ -23,9 +23,9 @@ import uuid
 
 from confluent_kafka import Producer
 
-from bench.bench_consumer import percentile
 from bench.bench_latency import FETCH, STAMP
 from bench.bench_producer import KAFKA, PlainEncoder, make_topic
+from bench.stats import percentile
 from eoguard.config import ConsumerConfig, RedisConfig
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.stack import LocalStack
@@ -80,6 +80,7 @@ def one_round(bootstrap: str, redis_url: str, rate: float, seconds: float, batch
         stats = consumer.stats()
     finally:
         consumer.close()
+    latencies, calls, reads = sorted(latencies), sorted(calls), sorted(reads)
     at = percentile
     print(f"  send -> handler ms: p50 {at(latencies, 0.5):.1f}  p99 {at(latencies, 0.99):.1f}  "
           f"p999 {at(latencies, 0.999):.1f}")

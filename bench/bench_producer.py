@@ -39,6 +39,7 @@ from confluent_kafka import Producer
 
 from bench import table
 from bench.machine_cpu import MachineCpu
+from bench.stats import percentile
 from eoguard.codec import ENVELOPE_SCHEMA, MAGIC, SchemaRegistry
 from eoguard.config import ProducerConfig, RedisConfig
 from eoguard.producer.guarded import GuardedProducer
@@ -176,8 +177,8 @@ def guarded(bootstrap: str, redis_url: str, topic: str, n: int, payload: bytes,
     return elapsed, {
         "persisted": stats.persisted - base.persisted,
         "avoided": stats.redis_writes_avoided - base.redis_writes_avoided,
-        "p50_ms": 1000 * statistics.median(lat) if lat else float("nan"),
-        "p99_ms": 1000 * lat[int(len(lat) * 0.99) - 1] if lat else float("nan"),
+        "p50_ms": 1000 * percentile(lat, 0.5),
+        "p99_ms": 1000 * percentile(lat, 0.99),
         "delay_ms": stats.current_delay_ms,
         "guaranteed": stats.guaranteed - base.guaranteed,
         "cpu_us": cpu_us,

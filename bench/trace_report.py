@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
+from bench.stats import rank
 from eoguard.consumer.trace import TraceRecord
 
 __all__ = ["SPANS", "Attribution", "SchedStat", "TracedRun", "attribute", "render",
@@ -101,11 +102,9 @@ def attribute(records: Sequence[TraceRecord], due: Mapping[str, int] | None = No
         return []
     history = history or {}
     n = len(ranked)
-    def at(q: float) -> int:
-        return min(n - 1, int(n * q))
-    rows = [_row(f"p{label}", [ranked[at(q)]], due, history)
+    rows = [_row(f"p{label}", [ranked[rank(n, q)]], due, history)
             for label, q in (("50", 0.5), ("99", 0.99), ("999", 0.999))]
-    rows += [_row(f">= p{label} mean", ranked[at(q):], due, history)
+    rows += [_row(f">= p{label} mean", ranked[rank(n, q):], due, history)
              for label, q in (("99", 0.99), ("999", 0.999))]
     rows.append(_row("slowest", ranked[-1:], due, history))
     return rows
