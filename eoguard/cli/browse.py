@@ -93,8 +93,8 @@ class Decoder:
             return row
         if fields is not None:
             row.format, row.id, row.expires_at_ms = "headers", fields.id, fields.expires_at_ms
-            def framed(data: bytes | None) -> tuple[Any, str]:
-                obj, row.schema = self._framed_reader().decode(data)
+            def framed(data: bytes | None, created_at_ms: int | None) -> tuple[Any, str]:
+                obj, row.schema = self._framed_reader().decode(data, created_at_ms)
                 return obj, row.schema
 
             try:

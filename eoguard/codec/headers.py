@@ -299,8 +299,9 @@ def _texts(ours: dict[str, str | bytes | None], repeated: set[str]) -> dict[str,
     return texts
 
 
-FramedReader = Callable[[bytes | None], tuple[Any, str]]
-"""Decodes a registry-framed value: the object and its writer schema's full name."""
+FramedReader = Callable[[bytes | None, int | None], tuple[Any, str]]
+"""Decodes a registry-framed value of a record created at the given epoch ms: the object and
+its writer schema's full name."""
 
 
 def header_envelope(fields: HeaderFields, value: bytes | None) -> Envelope:
@@ -318,10 +319,11 @@ def header_payload(fields: HeaderFields, value: bytes | None, framed: FramedRead
                    ) -> Any:
     """The payload of a record in this format: decoded through ``framed``
     (:meth:`~eoguard.codec.registry_payloads.RegistryPayloads.decode`, the writer schema by
-    id) when it is registry-framed Avro, else the raw bytes."""
+    id; ``created_at_ms`` for its cache of unknown ids) when it is registry-framed Avro, else
+    the raw bytes."""
     if not fields.avro:
         return b"" if value is None else value
     if framed is None:
         raise CodecError("header format: an Avro payload (content-type application/avro) "
                          "and no schema_registry configured to read it")
-    return framed(value)[0]
+    return framed(value, fields.created_at_ms)[0]

@@ -13,9 +13,13 @@ and per id: one registry call per schema and process.
 
 Errors: :class:`SchemaRefusedError` (incompatible with the subject's latest version, invalid,
 or not registered while registering is off), :class:`UnknownSchemaIdError` (an id the registry
-does not have), :class:`BadMagicError` (not framed), :class:`CorruptRecordError` (the body is
-not a record of its writer schema, or does not resolve), :class:`RegistryUnavailableError`
-(unreachable, timed out, HTTP 5xx, credentials refused: retry later).
+does not serve: any answer but an outage, :func:`fetch_refusal`), :class:`BadMagicError` (not
+framed), :class:`CorruptRecordError` (the body is not a record of its writer schema, or does
+not resolve), :class:`RegistryUnavailableError` (unreachable, timed out, HTTP 5xx, credentials
+refused: retry later).
+
+Unknown ids are remembered for a moment (:class:`UnknownIds`), so a flood of records naming
+one asks the registry about once per batch or per ``UNKNOWN_ID_TTL_S``, not once per record.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from io import BytesIO
 from typing import Any, Protocol
 
@@ -30,6 +35,7 @@ from fastavro import schemaless_reader
 
 from eoguard.codec.payload import PayloadCodec
 from eoguard.codec.schemas import RegisteredSchema, SchemaRegistry
+from eoguard.envelope import now_ms
 from eoguard.errors import (
     BadMagicError,
     ConfigError,
@@ -40,8 +46,8 @@ from eoguard.errors import (
     UnknownSchemaIdError,
 )
 
-__all__ = ["FRAME_SIZE", "RegistryClient", "RegistryPayloads", "WriterSchema", "frame",
-           "subject_for", "unframe"]
+__all__ = ["FRAME_SIZE", "UNKNOWN_ID_TTL_S", "RegistryClient", "RegistryPayloads", "UnknownIds",
+           "WriterSchema", "fetch_refusal", "frame", "subject_for", "unframe"]
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +108,79 @@ def _unavailable(exc: Exception, doing: str) -> EoguardError | None:
     return None
 
 
+def fetch_refusal(exc: Exception, schema_id: int) -> EoguardError:
+    """What a failed fetch of ``schema_id`` (a record's) means, for the consumer and the Spark
+    job alike: :class:`RegistryUnavailableError` for an outage (retry; never a dead letter),
+    else :class:`UnknownSchemaIdError` (a dead letter). Any answer under 500 but 401/403 is
+    the latter, 404 or not: the id comes from an untrusted record, and a registry may answer
+    400 or 422 for an id it cannot serve (docs/design.md §3); stopping on that answer would
+    let one such record stop the topic."""
+    outage = _unavailable(exc, f"fetching schema id {schema_id}")
+    if outage is not None:
+        return outage
+    status = _status(exc)
+    why = "is not in Schema Registry" if status == 404 else \
+        f"is refused by Schema Registry (HTTP {status}: {exc})"
+    return UnknownSchemaIdError(f"schema id {schema_id} {why}", schema_id=schema_id)
+
+
+UNKNOWN_ID_TTL_S = 2.0
+"""How long an unknown schema id's answer is reused (:class:`UnknownIds`)."""
+_UNKNOWN_IDS = 1024  # unknown ids remembered at most (a flood of random ids stays bounded)
+
+
+class UnknownIds:
+    """Schema ids the registry said it does not serve, each with the time it was asked: the
+    bounded, short-lived negative cache of :meth:`RegistryPayloads.decode`.
+
+    The answer is reused for a record only if that record was created before the question was
+    asked (by ``created_at_ms``) and within ``ttl_s`` of it. Why that never dead-letters a
+    valid record whose schema was registered a moment later: a producer frames a record with
+    an id only after the registry gave it that id, so a record naming an id the registry did
+    not have at the time ``t`` of our question was written after ``t``; its ``created_at`` is
+    then after ``t`` and it is asked about again (and found). A record created before ``t``
+    that names an id unknown at ``t`` is not a valid record of that id. What is left: a
+    producer whose clock runs behind ours stamps a record written after ``t`` with a time
+    before it; the TTL bounds that window to ``ttl_s`` after the question (and the clock's lag
+    must exceed the record's real age at ``t``). A record without a creation time
+    (``created_at_ms=None``, ``eoguard browse``: nothing is dead-lettered) reuses the answer
+    within the TTL. In a flood the first record of a batch asks and the records written before
+    that question reuse its answer: one call per batch (or per TTL for a backlog), not per
+    record. The cache holds at most 1,024 ids, the oldest question dropped first.
+    """
+
+    __slots__ = ("_asked", "_limit", "_ttl_s")
+
+    def __init__(self, ttl_s: float = UNKNOWN_ID_TTL_S, limit: int = _UNKNOWN_IDS) -> None:
+        self._ttl_s = ttl_s
+        self._limit = limit
+        # schema id -> (monotonic deadline, wall time asked in epoch ms, the error's text)
+        self._asked: dict[int, tuple[float, int, str]] = {}
+
+    def known_unknown(self, schema_id: int, created_at_ms: int | None) -> str | None:
+        """The remembered answer's text when it may be reused for this record, else None."""
+        asked = self._asked.get(schema_id)
+        if asked is None:
+            return None
+        deadline, asked_at_ms, reason = asked
+        if time.monotonic() >= deadline:
+            del self._asked[schema_id]
+            return None
+        if created_at_ms is not None and created_at_ms >= asked_at_ms:
+            return None
+        return reason
+
+    def remember(self, schema_id: int, asked_at_ms: int, reason: str) -> None:
+        """The registry said ``schema_id`` is unknown to a question asked at ``asked_at_ms``."""
+        self._asked.pop(schema_id, None)  # re-inserted last: the newest question
+        if len(self._asked) >= self._limit:
+            del self._asked[next(iter(self._asked))]
+        self._asked[schema_id] = (time.monotonic() + self._ttl_s, asked_at_ms, reason)
+
+    def __len__(self) -> int:
+        return len(self._asked)
+
+
 class WriterSchema:
     """A writer schema fetched by id, and the reader schema it resolves into."""
 
@@ -126,6 +205,7 @@ class RegistryPayloads:
         self._auto_register = auto_register
         self._heads: dict[tuple[str, str], bytes] = {}  # (subject, schema) -> the 5 bytes
         self._writers: dict[int, WriterSchema] = {}
+        self._unknown = UnknownIds()
         self._lock = threading.Lock()  # one registration per subject and schema at a time
 
     def close(self) -> None:
@@ -201,13 +281,15 @@ class RegistryPayloads:
             + (f": incompatible with{against}" if status == 409 else "") + f" ({exc})",
             subject=subject, version=version)
 
-    def decode(self, value: bytes | None) -> tuple[Any, str]:
+    def decode(self, value: bytes | None, created_at_ms: int | None = None
+               ) -> tuple[Any, str]:
         """The object in a framed value, in the reader's version, and the writer schema's full
-        name (module docstring for errors)."""
+        name (module docstring for errors). ``created_at_ms``: when the record was created,
+        for the unknown ids' cache (:class:`UnknownIds`)."""
         schema_id, body = unframe(value)
         writer = self._writers.get(schema_id)
         if writer is None:
-            writer = self.writer(schema_id)
+            writer = self._writer_of_record(schema_id, created_at_ms)
         data = BytesIO(body)
         try:
             obj = schemaless_reader(data, writer.writer, writer.reader)
@@ -219,16 +301,25 @@ class RegistryPayloads:
                                      f"{len(body) - data.tell()} trailing bytes")
         return obj, writer.name
 
+    def _writer_of_record(self, schema_id: int, created_at_ms: int | None) -> WriterSchema:
+        """:meth:`writer` for a record created at ``created_at_ms``, through the unknown ids'
+        cache."""
+        reason = self._unknown.known_unknown(schema_id, created_at_ms)
+        if reason is not None:
+            raise UnknownSchemaIdError(reason, schema_id=schema_id)
+        asked_at_ms = now_ms()  # before the question: a later registration is after it
+        try:
+            return self.writer(schema_id)
+        except UnknownSchemaIdError as exc:
+            self._unknown.remember(schema_id, asked_at_ms, str(exc))
+            raise
+
     def writer(self, schema_id: int) -> WriterSchema:
         """The writer schema of ``schema_id`` and its reader (cached after the first call)."""
         try:
             fetched = self._client.get_schema(schema_id)
         except Exception as exc:
-            outage = _unavailable(exc, f"fetching schema id {schema_id}")
-            if outage is not None:
-                raise outage from exc
-            raise UnknownSchemaIdError(f"schema id {schema_id} is not in Schema Registry",
-                                       schema_id=schema_id) from exc
+            raise fetch_refusal(exc, schema_id) from exc
         kind = getattr(fetched, "schema_type", "AVRO") or "AVRO"
         if kind != "AVRO":
             raise CorruptRecordError(f"schema id {schema_id} is a {kind} schema, not Avro")

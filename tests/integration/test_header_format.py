@@ -38,9 +38,11 @@ from eoguard import (
     SchemaRefusedError,
     SchemaRegistry,
     SchemaRegistryConfig,
+    UnknownSchemaIdError,
     WireFormat,
     message_id_for,
 )
+from eoguard.codec import EnvelopeCodec
 from eoguard.codec.headers import (
     ATTEMPT,
     CONTENT_TYPE,
@@ -53,9 +55,9 @@ from eoguard.codec.headers import (
     write_headers,
 )
 from eoguard.codec.plain import id_from_field
-from eoguard.codec.registry_payloads import frame
+from eoguard.codec.registry_payloads import RegistryPayloads, frame
 from eoguard.consumer.handler import HandlerContext
-from eoguard.envelope import now_ms
+from eoguard.envelope import derived_message_id, now_ms
 from eoguard.producer.guarded import GuardedProducer
 from eoguard.store.keys import KeySpace
 from tests.conftest import free_port
@@ -276,6 +278,56 @@ def test_bad_records_are_dead_lettered_with_their_reason_and_the_rest_handled(
     assert len(reasons) == len(bad)
     for name, (_, _, want) in bad.items():
         assert any(want in reason for reason in reasons), (name, want, reasons)
+
+
+class CountingClient:
+    """The real registry client, its fetches by id counted."""
+
+    def __init__(self, client: SchemaRegistryClient) -> None:
+        self.client = client
+        self.fetched: list[int] = []
+
+    def get_schema(self, schema_id: int, *args: Any, **kw: Any) -> Any:
+        self.fetched.append(schema_id)
+        return self.client.get_schema(schema_id, *args, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+def test_a_flood_of_an_unknown_schema_id_asks_the_registry_once_per_newer_record(
+        schema_registry_client) -> None:
+    """Records created before the registry said "unknown" reuse the answer (one question for
+    the flood); one created after it is asked about again (its id may be registered since)."""
+    counting = CountingClient(schema_registry_client)
+    payloads = RegistryPayloads(counting)
+    unknown = frame(2_000_000_003, b"\x02")
+    before = now_ms() - 1000  # created a second before the first question
+    for _ in range(300):
+        with pytest.raises(UnknownSchemaIdError, match="2000000003 is not in Schema Registry"):
+            payloads.decode(unknown, before)
+    assert counting.fetched == [2_000_000_003]
+    with pytest.raises(UnknownSchemaIdError):
+        payloads.decode(unknown, now_ms() + 1)  # created after the question
+    assert counting.fetched == [2_000_000_003] * 2
+
+
+def test_a_handlers_outputs_are_envelopes_whatever_the_inputs_format(
+        make, new_topic, kafka_bootstrap, redis_url, key_prefix, schema_registry_url) -> None:
+    """ctx.output writes envelopes (a consumer has no wire format of its own, docs/design.md
+    §3): an output of a header-format input carries eoguard's fields in its value, no ce_*
+    headers, its id derived from the input's."""
+    source, sink = new_topic(1), new_topic(1)
+    with header_producer(kafka_bootstrap, redis_url, key_prefix, schema_registry_url) as good:
+        sent = good.send(source, an_order(3), schema=ORDER)
+        assert good.flush(30) == 0
+    consumer = make([source], lambda ctx: ctx.output(sink, b"shipped", key=b"3"), shards=8,
+                    schema_registry=registry(schema_registry_url))
+    drain([consumer], lambda: consumer.stats().handled >= 1)
+    (out,) = read_all(kafka_bootstrap, sink, 1)
+    assert out.headers() is None
+    envelope = EnvelopeCodec().decode(out.value())
+    assert (envelope.id, envelope.payload) == (derived_message_id(sent.id, 0), b"shipped")
 
 
 def test_a_send_may_not_use_eoguards_header_names(kafka_bootstrap, redis_url, key_prefix,

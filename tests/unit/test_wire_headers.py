@@ -221,8 +221,14 @@ def test_a_raw_payload_is_handed_as_it_is_and_an_avro_one_needs_a_registry() -> 
     assert header_payload(raw, None, None) == b""
     with pytest.raises(CodecError, match="no schema_registry"):
         header_payload(avro, frame(1, b"\x02"), None)
-    assert header_payload(avro, frame(1, b"\x02"), lambda v: ("decoded", "shop.Order")) == \
-        "decoded"
+    asked: list[int | None] = []
+
+    def framed(value: bytes | None, created_at_ms: int | None) -> tuple[str, str]:
+        asked.append(created_at_ms)
+        return "decoded", "shop.Order"
+
+    assert header_payload(avro, frame(1, b"\x02"), framed) == "decoded"
+    assert asked == [CREATED]  # the record's creation time, for the unknown ids' cache
 
 
 def test_framing_is_the_magic_byte_the_big_endian_id_and_the_body() -> None:

@@ -57,9 +57,9 @@ from eoguard.codec.headers import (
     SPEC_VERSION,
     TIME,
 )
-from eoguard.codec.registry_payloads import FRAME_SIZE, subject_for
+from eoguard.codec.registry_payloads import FRAME_SIZE, fetch_refusal, subject_for
 from eoguard.codec.schemas import RegisteredSchema
-from eoguard.errors import ConfigError
+from eoguard.errors import ConfigError, UnknownSchemaIdError
 from eoguard_spark.decode import classify, fence
 from eoguard_spark.plain_avro import check_limits
 from eoguard_spark.rules import Rule, canonical_id, envelope_rules, first_broken
@@ -111,10 +111,11 @@ def plan_from_registry(client: Any, topics: tuple[str, ...], seen: tuple[int, ..
         try:
             fetched = client.get_schema(schema_id)
         except Exception as exc:
-            if getattr(exc, "http_status_code", None) != 404:
+            refusal = fetch_refusal(exc, schema_id)  # the consumer's reading of the answer
+            if not isinstance(refusal, UnknownSchemaIdError):  # an outage, at query start
                 raise ConfigError(f"Schema Registry failed fetching schema id {schema_id}: "
                                   f"{exc}") from exc
-            refused[schema_id] = f"schema id {schema_id} is not in Schema Registry"
+            refused[schema_id] = str(refusal)
             continue
         writers[schema_id] = fetched.schema_str
     for schema_id, text in list(writers.items()):
