@@ -28,15 +28,7 @@ from typing import Any
 
 from eoguard.callbacks import require_sync
 from eoguard.codec import EnvelopeCodec, PayloadCodec, SchemaRegistry
-from eoguard.codec.headers import (
-    BYTES_TYPE,
-    SOURCE,
-    TYPE,
-    app_headers,
-    check_app_headers,
-    write_headers,
-)
-from eoguard.codec.rules import header_bytes
+from eoguard.codec.headers import check_app_headers
 from eoguard.config import ProducerConfig
 from eoguard.envelope import new_message_id, now_ms
 from eoguard.errors import (
@@ -61,6 +53,7 @@ from eoguard.producer.messages import (
     caller_message_id,
     check_send_args,
 )
+from eoguard.producer.record_headers import RecordHeaders
 from eoguard.producer.recovery import Recovery, RecoveryReport
 from eoguard.store.layout import check_layout
 from eoguard.store.liveness import Liveness
@@ -97,7 +90,9 @@ class GuardedProducer:
         self._codec = EnvelopeCodec(registry)
         self._payloads = PayloadCodec(registry)
         self._headers_format = config.wire_format is WireFormat.HEADERS
-        self._source_bytes = len(SOURCE) + len(config.event_source.encode())
+        self._record_headers = RecordHeaders(
+            producer=self.instance_id, source=config.event_source,
+            limits=config.input_limits) if self._headers_format else None
         self._framed = (config.schema_registry.payloads(registry)
                         if self._headers_format and config.schema_registry is not None else None)
         self._ttl_ms = int(config.default_ttl_s * 1000)
@@ -209,10 +204,11 @@ class GuardedProducer:
         if expires > bound:  # never past max_ttl by Redis's clock (docs/design.md §5, Clocks)
             expires = bound
             created = min(created, bound)  # a clock ahead by over max_ttl: never after expiry
-        record_headers = None
-        if self._headers_format:  # the value is the payload; eoguard's fields are headers
+        record_headers, head_size, head_json = None, 0, None
+        if self._record_headers is not None:  # the value is the payload; the fields headers
             data = payload
-            record_headers = self._record_headers(mid, created, expires, schema, headers)
+            record_headers, head_size, head_json = self._record_headers.write(
+                mid, created, expires, schema, headers)
         else:
             data = self._codec.encode_fields(  # the envelope, encoded without building it
                 mid, expires, created, producer=self.instance_id, attempt=1,
@@ -220,8 +216,7 @@ class GuardedProducer:
                 headers=dict(headers) if headers else _NO_HEADERS,
                 payload_fingerprint=None if schema is None
                 else self._payloads.writer_fingerprint(schema))
-        size = len(data) + (len(key) if key else 0) + (
-            header_bytes(record_headers) if record_headers else 0)
+        size = len(data) + (len(key) if key else 0) + head_size
         if size > self.config.max_message_bytes:
             raise MessageTooLargeError(
                 f"message of {size} bytes exceeds max_message_bytes "
@@ -229,7 +224,8 @@ class GuardedProducer:
         return PendingMessage(mid, topic, expires, self._done, key=key, value=data,
                               created_at_ms=created, created_mono=time.monotonic(),
                               on_guaranteed=on_guaranteed, on_failed=on_failed,
-                              sink=self._sink, headers=record_headers)
+                              sink=self._sink, headers=record_headers,
+                              headers_json=head_json)
 
     def _admit(self, msg: PendingMessage, *, wait: bool) -> None:
         """Give ``msg`` room in the queue and line it up (delayed: hand it to librdkafka).
@@ -266,26 +262,6 @@ class GuardedProducer:
             raise InvalidMessageError(f"schema {schema!r} in the header wire format needs "
                                       "ProducerConfig.schema_registry")
         return self._framed.encode(value, schema, topic=topic)
-
-    def _record_headers(self, message_id: str, created_ms: int, expires_ms: int,
-                        schema: str | None, app: Mapping[str, str] | None) -> dict[str, str]:
-        """The header format's Kafka headers; those a consumer counts as the application's
-        (all but the reserved ones) stay within ``input_limits``, as the envelope's do."""
-        headers = write_headers(message_id, created_ms, expires_ms, attempt=1,
-                                producer=self.instance_id, source=self.config.event_source,
-                                schema=schema, app=app)
-        limits = self.config.input_limits
-        if not app and limits.header_count >= 2 and self._source_bytes + len(TYPE) + len(
-                (schema or BYTES_TYPE).encode()) <= limits.header_bytes:
-            return headers  # ce_source and ce_type alone, within the limits: no second count
-        counted = app_headers(headers)
-        size = header_bytes(counted)
-        if len(counted) > limits.header_count or size > limits.header_bytes:
-            raise InvalidMessageError(
-                f"{len(counted)} headers of {size} bytes (ce_source and ce_type included) "
-                f"exceed input_limits ({limits.header_count} headers, "
-                f"{limits.header_bytes} bytes)")
-        return headers
 
     def _produce_now(self, msg: PendingMessage) -> None:
         """delayed mode: hand the message to librdkafka from the caller's thread, waiting up

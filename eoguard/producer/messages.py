@@ -169,15 +169,15 @@ class PendingMessage(SendHandle):
 
     One object per message, not two: the hot path allocates (and the garbage collector
     tracks) less. It carries what :meth:`eoguard.store.outbox.Outbox.put` reads of an outbox
-    entry (``id``, ``topic``, ``key``, ``value``, ``headers``, ``attempt``,
+    entry (``id``, ``topic``, ``key``, ``value``, ``headers``, ``headers_json``, ``attempt``,
     ``created_at_ms``, ``expires_at_ms``), so a batch is written without a copy per message.
     Its ``value`` is dropped once its room in the queue is released (no longer needed), so
     an application keeping handles keeps no payloads. ``stage`` and the handle's ``state``
     are the ledger's to change.
     """
 
-    __slots__ = ("created_at_ms", "created_mono", "headers", "key", "on_failed",
-                 "on_guaranteed", "sink", "size", "stage", "value")
+    __slots__ = ("created_at_ms", "created_mono", "headers", "headers_json", "key",
+                 "on_failed", "on_guaranteed", "sink", "size", "stage", "value")
 
     attempt: int = 1
 
@@ -185,7 +185,8 @@ class PendingMessage(SendHandle):
                  done: threading.Condition, *, key: bytes | None, value: bytes,
                  created_at_ms: int, created_mono: float,
                  on_guaranteed: GuaranteedCallback | None, on_failed: FailedCallback | None,
-                 sink: ReportSink, headers: Mapping[str, str] | None = None) -> None:
+                 sink: ReportSink, headers: Mapping[str, str] | None = None,
+                 headers_json: bytes | None = None) -> None:
         # SendHandle's fields, set here (one call less per message).
         self.id = message_id
         self.topic = topic
@@ -196,6 +197,7 @@ class PendingMessage(SendHandle):
         self.key = key
         self.value = value
         self.headers = headers  # Kafka record headers: the header wire format's, else None
+        self.headers_json = headers_json  # their JSON in the outbox record, made by send
         self.size = len(value) + (len(key) if key else 0)
         self.created_at_ms = created_at_ms
         self.created_mono = created_mono

@@ -66,6 +66,10 @@ class OutboxEntry(Protocol):
     @property
     def headers(self) -> Mapping[str, str] | None: ...
     @property
+    def headers_json(self) -> bytes | None:
+        """``headers`` as the record stores them (``json.dumps``, UTF-8), when the maker of
+        the entry has them at less cost; None: :func:`record_body` dumps them."""
+    @property
     def attempt(self) -> int: ...
     @property
     def created_at_ms(self) -> int: ...
@@ -82,6 +86,7 @@ class OutboxRecord:
     key: bytes | None
     value: bytes
     headers: Mapping[str, str] | None = None  # Kafka record headers, not the envelope's
+    headers_json: bytes | None = None  # OutboxEntry.headers_json
     attempt: int = 1
     created_at_ms: int
     expires_at_ms: int
@@ -92,7 +97,9 @@ def record_body(entry: OutboxEntry, keep: bytes) -> bytes:
     :class:`KeepUntil` value, encoded."""
     topic = entry.topic.encode()
     key = entry.key
-    headers = json.dumps(dict(entry.headers)).encode() if entry.headers else b""
+    headers = entry.headers_json
+    if headers is None:
+        headers = json.dumps(dict(entry.headers)).encode() if entry.headers else b""
     return b"%d:%s:%d:%d:%d:%d:%d:%s%s%s%s" % (
         entry.attempt, keep, entry.created_at_ms, entry.expires_at_ms, len(topic),
         -1 if key is None else len(key), len(headers), topic, key or b"", headers, entry.value)
