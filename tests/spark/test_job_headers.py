@@ -6,6 +6,7 @@ again with it: the record is read, never dead-lettered."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import Counter
@@ -15,7 +16,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from eoguard import SchemaRegistry, SchemaRegistryConfig, WireFormat, message_id_for
+from eoguard import ConfigError, SchemaRegistry, SchemaRegistryConfig, WireFormat, message_id_for
 from eoguard.codec.registry_payloads import frame
 from eoguard.producer.guarded import GuardedProducer
 from tests.integration.test_header_format import _marked, an_order
@@ -76,6 +77,33 @@ def test_envelopes_and_header_records_come_out_alike_once_per_order(
     assert len(reasons) == len(bad)
     for name, (_, _, want) in bad.items():
         assert any(want in reason for reason in reasons), (name, reasons)
+
+
+def test_raw_header_records_need_no_registry_and_an_avro_one_stops_the_job_asking_for_it(
+        spark, new_topic, kafka_bootstrap, redis_url, key_prefix, job_options, run_job,
+        schema_registry_url) -> None:
+    """``header_format`` alone reads raw payloads; an Avro payload stops the job with a
+    ConfigError naming the option, nothing of its batch committed; with a registry the same
+    checkpoint goes on and reads it."""
+    from eoguard_spark import run  # noqa: PLC0415
+
+    topic = new_topic(1)
+    with producer(kafka_bootstrap, redis_url, key_prefix, schema_registry_url) as p:
+        raw = [p.send(topic, b"order %d" % n) for n in range(3)]
+        assert p.flush(30) == 0
+    options = job_options([topic], key_shards=8, header_format=True)
+    run_job(options)
+    ids = {r["id"]: bytes(r["payload"]) for r in spark.read.parquet(options.output_path).collect()}
+    assert ids == {h.id: b"order %d" % n for n, h in enumerate(raw)}
+    with producer(kafka_bootstrap, redis_url, key_prefix, schema_registry_url) as p:
+        avro = p.send(topic, an_order(7), schema=ORDER)
+        assert p.flush(30) == 0
+    with pytest.raises(ConfigError, match=r"schema_registry_url \(--schema-registry-url\)"):
+        run(options, spark=spark)
+    assert len(spark.read.parquet(options.output_path).collect()) == 3
+    run_job(dataclasses.replace(options, schema_registry_url=schema_registry_url))
+    rows = spark.read.parquet(options.output_path).collect()
+    assert Counter(r["id"] for r in rows) == Counter([*ids, avro.id])
 
 
 @pytest.mark.parametrize(("partitions", "beside"), [(1, 0), (4, 12)])

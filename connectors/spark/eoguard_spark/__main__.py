@@ -101,10 +101,13 @@ def parser() -> argparse.ArgumentParser:
     add("--plain-avro-framing", choices=[f.value for f in AvroFraming],
         help="registry: a magic byte 0 and a 4-byte schema id before the body (Confluent's "
              "AvroSerializer; the id is not looked up); none: the Avro body alone")
+    add("--header-format", action="store_true",
+        help="read records in the header wire format (docs/design.md §3): the source reads "
+             "headers; raw payloads need no registry, an Avro one stops the job asking for "
+             "--schema-registry-url; without either option such records are dead letters")
     add("--schema-registry-url",
-        help="Schema Registry (Confluent API) to read records in the header wire format: the "
-             "source reads headers, Avro payloads are read by writer schema id (docs/design.md "
-             "§3); without it such records are dead letters")
+        help="Schema Registry (Confluent API) to read records in the header wire format "
+             "(implies --header-format): Avro payloads are read by writer schema id")
     add("--schema-registry-option", action="append", default=[], metavar="KEY=VALUE",
         help="option of the Schema Registry client (e.g. basic.auth.user.info=u:p); repeatable")
     add("--master", default="local[2]", help="Spark master when not under spark-submit")
@@ -162,6 +165,7 @@ def options_from(args: argparse.Namespace) -> JobOptions:
         dead_letter_expired=args.dead_letter_expired, ack_outbox=args.ack_outbox,
         idempotent_sink=args.idempotent_sink, kafka_options=kafka, query_name=args.query_name,
         reader=args.reader, plain=plain, schema_registry_url=args.schema_registry_url,
+        header_format=args.header_format,
         schema_registry_options=_pairs(args.schema_registry_option, "--schema-registry-option"),
         input_limits=InputLimits(
             payload_bytes=args.max_payload_bytes, header_count=args.max_headers,

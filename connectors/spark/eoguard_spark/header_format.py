@@ -27,6 +27,9 @@ micro-batch with :data:`NEW_SCHEMA_ID` in the error before anything of it is com
 its claims); :func:`eoguard_spark.job.run` builds the query again with a plan that holds it
 and the replay reads the record. An id the registry does not have when the plan is made is a
 dead letter, as for a consumer. A valid record is never dead-lettered for its id being new.
+A query without a registry (``HeaderPlan(registry=False)``: raw payloads only) stops the same
+way at a framed payload, with :data:`NEEDS_REGISTRY`, and ``run`` raises a ``ConfigError``
+naming the option.
 """
 
 from __future__ import annotations
@@ -64,8 +67,9 @@ from eoguard_spark.decode import classify, fence
 from eoguard_spark.plain_avro import check_limits
 from eoguard_spark.rules import Rule, canonical_id, envelope_rules, first_broken
 
-__all__ = ["NEW_SCHEMA_ID", "HeaderPlan", "decode_headers", "has_marker", "header_envelope",
-           "header_payload", "new_schema_ids", "plan_from_registry"]
+__all__ = ["NEEDS_REGISTRY", "NEW_SCHEMA_ID", "HeaderPlan", "decode_headers", "has_marker",
+           "header_envelope", "header_payload", "needs_registry", "new_schema_ids",
+           "plan_from_registry"]
 
 log = logging.getLogger(__name__)
 
@@ -78,20 +82,30 @@ _TIME = rf"^{_DATE}(?:\.([0-9]{{1,9}}))?(?:([Zz])|([+-])([0-9]{{2}}):([0-9]{{2}}
 """:func:`eoguard.codec.headers.parse_time`'s pattern, anchored for Java."""
 
 
+NEEDS_REGISTRY = "eoguard: an Avro payload in the header format and no schema_registry_url"
+"""What the error that stops a micro-batch meeting a registry-framed payload without a
+registry says (:func:`needs_registry`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class HeaderPlan:
     """The writer schemas a query decodes by id, fixed when it starts: ``writers`` (id ->
     schema JSON) and ``refused`` (id -> the reason its records are dead letters: not in the
-    registry, not Avro)."""
+    registry, not Avro). ``registry`` False: the query has no Schema Registry (raw payloads
+    only; a framed one stops it, :data:`NEEDS_REGISTRY`)."""
 
     writers: dict[int, str] = field(default_factory=dict)
     refused: dict[int, str] = field(default_factory=dict)
+    registry: bool = True
 
 
 def plan_from_registry(client: Any, topics: tuple[str, ...], seen: tuple[int, ...] = ()
                        ) -> HeaderPlan:
     """Every version registered under each topic's subject (``<topic>-value``) and each id in
-    ``seen`` (ids a stopped batch met), fetched from Schema Registry now."""
+    ``seen`` (ids a stopped batch met), fetched from Schema Registry now. An id the registry
+    answers for with anything but an outage (404, or 400/422) is refused, its records dead
+    letters, as a consumer reads the same answer (:func:`fetch_refusal`); an outage is a
+    :class:`ConfigError` (the query does not start)."""
     writers: dict[int, str] = {}
     refused: dict[int, str] = {}
     for topic in topics:
@@ -126,6 +140,11 @@ def plan_from_registry(client: Any, topics: tuple[str, ...], seen: tuple[int, ..
             refused[schema_id] = (f"schema id {schema_id} is not a named Avro schema eoguard "
                                   f"reads: {exc}")
     return HeaderPlan(writers, refused)
+
+
+def needs_registry(error: BaseException) -> bool:
+    """Whether a query failed on a registry-framed payload while it had no registry."""
+    return NEEDS_REGISTRY in str(error)
 
 
 def new_schema_ids(error: BaseException) -> tuple[int, ...]:
@@ -285,8 +304,11 @@ def header_payload(rows: DataFrame, plan: HeaderPlan, registry: SchemaRegistry,
         rules.append((framed & (schema_id == refused), F.lit(reason)))
     planned = sorted({*plan.writers, *plan.refused})
     new = framed & (~schema_id.isin(*planned) if planned else F.lit(True))
-    rules.append((new, F.raise_error(F.concat(F.lit(f"{NEW_SCHEMA_ID} "),
-                                              schema_id.cast("string"))).cast("string")))
+    # a framed payload the plan cannot read stops the micro-batch before it commits
+    stop = (F.concat(F.lit(f"{NEW_SCHEMA_ID} "), schema_id.cast("string")) if plan.registry
+            else F.concat(F.lit(f"{NEEDS_REGISTRY} (schema id "), schema_id.cast("string"),
+                          F.lit(")")))
+    rules.append((new, F.raise_error(stop).cast("string")))
     if plan.writers:
         check_limits(rows.sparkSession)  # a few bytes declaring 2 GiB would exit the JVM
     reader = registry.get(payload_schema) if payload_schema is not None else None

@@ -29,7 +29,12 @@ from eoguard_spark.acks import wait_for_acks
 from eoguard_spark.avro_schema import avro_session_conf
 from eoguard_spark.batch import BatchProcessor, BatchStats, ForeachBatch, MicroBatchRunner
 from eoguard_spark.decode import RowStatus
-from eoguard_spark.header_format import HeaderPlan, new_schema_ids, plan_from_registry
+from eoguard_spark.header_format import (
+    HeaderPlan,
+    needs_registry,
+    new_schema_ids,
+    plan_from_registry,
+)
 from eoguard_spark.options import DedupMode, JobOptions
 from eoguard_spark.plain import decode_topic
 from eoguard_spark.redaction import redaction_conf
@@ -82,9 +87,12 @@ def _check_layout(options: JobOptions) -> None:
 
 def _header_plan(options: JobOptions, schema_ids: tuple[int, ...]) -> HeaderPlan | None:
     """The writer schemas the query decodes header-format records with, fetched now; None
-    without ``schema_registry_url`` (such records are then not envelopes: dead letters)."""
-    if options.schema_registry_url is None:
+    without ``header_format`` (such records are then not envelopes: dead letters); a plan
+    without a registry for ``header_format`` alone (raw payloads)."""
+    if not options.header_format:
         return None
+    if options.schema_registry_url is None:
+        return HeaderPlan(registry=False)
     client = SchemaRegistryConfig(url=options.schema_registry_url,
                                   options=dict(options.schema_registry_options)).connect()
     try:
@@ -191,7 +199,8 @@ def run(options: JobOptions, *, spark: SparkSession | None = None,
 
     A micro-batch that met a schema id new to the query (the header format) stops it; the
     query is built again with the id and goes on from its checkpoint: the batch is replayed
-    and the record read (docs/design.md §7).
+    and the record read (docs/design.md §7). One that met a registry-framed payload while
+    the job has no ``schema_registry_url`` stops it with a :class:`ConfigError` naming it.
     """
     session = spark or local_session()
     seen: tuple[int, ...] = ()
@@ -202,6 +211,12 @@ def run(options: JobOptions, *, spark: SparkSession | None = None,
             query.awaitTermination()
             return
         except StreamingQueryException as exc:
+            if needs_registry(exc):
+                raise ConfigError(
+                    "a record in the header wire format has an Avro payload (content-type "
+                    "application/avro): reading it needs a Schema Registry, "
+                    "schema_registry_url (--schema-registry-url); nothing of its "
+                    "micro-batch was committed") from exc
             new = tuple(i for i in new_schema_ids(exc) if i not in seen)
             if not new:
                 raise

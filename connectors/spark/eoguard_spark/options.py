@@ -171,10 +171,14 @@ class JobOptions:
     checkpoint; by default it is ``spark-`` and the first 12 hex digits of the query id Spark
     keeps in the checkpoint.
 
-    ``schema_registry_url`` (and ``schema_registry_options`` for its client: credentials,
-    TLS) turns on records in the header wire format (docs/design.md §3): the source reads
-    headers, and their Avro payloads are read by writer schema id (the ids fixed when the
-    query starts; :func:`eoguard_spark.job.run` restarts it with a new one).
+    ``header_format`` turns on records in the header wire format (docs/design.md §3): the
+    source reads headers; raw payloads need nothing more. ``schema_registry_url`` (and
+    ``schema_registry_options`` for its client: credentials, TLS) turns it on too and reads
+    their Avro payloads by writer schema id (the ids fixed when the query starts;
+    :func:`eoguard_spark.job.run` restarts it with a new one). Without a registry, a record
+    whose payload is registry-framed Avro stops the query (:func:`eoguard_spark.job.run`
+    raises a :class:`ConfigError` naming ``schema_registry_url``) before anything of its
+    micro-batch is committed; it is read once the job runs with one.
     """
 
     bootstrap: str
@@ -209,6 +213,7 @@ class JobOptions:
     plain: PlainOptions | None = None
     schema_registry_url: str | None = None
     schema_registry_options: Mapping[str, str] = field(default_factory=dict, repr=False)
+    header_format: bool = False
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -236,6 +241,8 @@ class JobOptions:
             raise ConfigError("output_path and dead_letter_path must differ")
         object.__setattr__(self, "kafka_options", _kafka_options(self.kafka_options))
         _check_registry_url(self.schema_registry_url)
+        object.__setattr__(self, "header_format",  # what a registry is given for
+                           bool(self.header_format) or self.schema_registry_url is not None)
         if self.plain is not None:
             if not isinstance(self.plain, PlainOptions):
                 raise ConfigError("plain must be an eoguard_spark.PlainOptions")
@@ -264,7 +271,7 @@ class JobOptions:
             out["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
         out.update(self.kafka_options)
         if (self.plain is not None and self.plain.id_header is not None) or \
-                self.schema_registry_url is not None:  # the header format's fields
+                self.header_format:  # the header format's fields
             out["includeHeaders"] = "true"
         out["kafka.bootstrap.servers"] = self.bootstrap
         out["subscribe"] = ",".join(self.topics)
