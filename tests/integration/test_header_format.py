@@ -200,6 +200,7 @@ def handled_once_per_scope(make: Any, topic: str, client: SchemaRegistryClient, 
         assert stats.dead_lettered == 0, scope
 
 
+@pytest.mark.cluster  # the header format's outbox records and claims on Redis Cluster too
 def test_one_topic_with_envelopes_header_records_and_plain_records_each_order_once(
         make, new_topic, kafka_bootstrap, redis_url, redis_client: redis.Redis, key_prefix,
         schema_registry_url, schema_registry_client) -> None:
