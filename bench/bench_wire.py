@@ -8,10 +8,25 @@ and Schema Registry, in ``--rounds`` interleaved rounds, each way to a fresh top
   producer  AvroSerializer          the baseline: plain confluent-kafka, idempotent, acks=all,
                                     the guarded producer's linger.ms, confluent-kafka's
                                     ``AvroSerializer`` in the loop, a delivery callback;
+            AvroSerializer + CloudEvents headers
+                                    the same, each record with the nine headers the header
+                                    format carries, built per record by plain code (a uuid4,
+                                    two RFC 3339 times): what a user writing CloudEvents
+                                    binary-mode records pays without eoguard;
+            envelope, plain fastavro
+                                    the envelope's own baseline (bench_producer's): the Order
+                                    as Avro bytes in eoguard's envelope, written by fastavro;
             headers, persist-first  GuardedProducer in the header format (the same bytes as
                                     the baseline's value, eoguard's fields as headers);
             envelope, persist-first GuardedProducer writing envelopes (the payload Avro too);
   consumer  AvroDeserializer        the baseline: a plain loop, ``AvroDeserializer`` per record;
+            AvroDeserializer + CloudEvents headers
+                                    the same over the CloudEvents records above, reading each
+                                    record's headers and dropping it once ``ce_expirytime``
+                                    passed (the header format's own baseline);
+            envelope, plain fastavro
+                                    bench_consumer's plain loop over the plain envelopes
+                                    (expired ones dropped), the Order then read by fastavro;
             headers                 GuardedConsumer (no-op handler, outbox acks off) reading
                                     the header records (writer schema by id);
             envelope                the same reading the envelopes.
@@ -19,13 +34,16 @@ and Schema Registry, in ``--rounds`` interleaved rounds, each way to a fresh top
 Timed from the first send to the last acknowledgement (producers) and from the poll that
 brings the first record to the last record handled (consumers). Each path's ratio to its
 suite's baseline is printed; the envelope's ratio beside the header format's is the
-comparison the format is judged by.
+comparison the format is judged by. Then each format against the baseline that writes the
+same fields without eoguard (its own): headers against ``AvroSerializer + CloudEvents
+headers``, the envelope against ``envelope, plain fastavro``, on both sides.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import io
 import json
 import statistics
 import time
@@ -34,12 +52,15 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+import fastavro
+from confluent_kafka import Consumer, Message, Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from bench import table
+from bench.bench_consumer import plain_decode
+from bench.bench_producer import PlainEncoder
 from eoguard.codec import SchemaRegistry
 from eoguard.config import (
     ConsumerConfig,
@@ -57,8 +78,14 @@ from eoguard.store.keys import KeySpace
 ORDER = "eoguard.example.Order"
 KAFKA = {"linger.ms": 5, "acks": "all", "enable.idempotence": True,
          "queue.buffering.max.messages": 500_000}
-PRODUCERS = ("AvroSerializer", "headers, persist-first", "envelope, persist-first")
-CONSUMERS = ("AvroDeserializer", "headers", "envelope")
+PRODUCERS = ("AvroSerializer", "AvroSerializer + CloudEvents headers",
+             "envelope, plain fastavro", "headers, persist-first", "envelope, persist-first")
+CONSUMERS = ("AvroDeserializer", "AvroDeserializer + CloudEvents headers",
+             "envelope, plain fastavro", "headers", "envelope")
+SOURCES = dict(zip(CONSUMERS, PRODUCERS, strict=True))
+"""Which producer path's topic each consumer path reads (the same place in its tuple)."""
+OWN_BASELINES = ((3, 1), (4, 2))
+"""Each format's path and the plain path writing or reading the same fields, by index."""
 
 
 def an_order(n: int) -> dict[str, Any]:
@@ -74,12 +101,45 @@ def topic_of(bootstrap: str, partitions: int) -> str:
     return name
 
 
-def baseline_producer(bootstrap: str, url: str, topic: str, orders: list[dict[str, Any]]
-                      ) -> float:
+def cloudevents_headers(schema: str) -> Callable[[], list[tuple[str, bytes]]]:
+    """The nine headers of the header format, as plain code writes them per record."""
+    def headers() -> list[tuple[str, bytes]]:
+        now = dt.datetime.now(dt.timezone.utc)
+        expiry = now + dt.timedelta(hours=1)
+        return [("ce_specversion", b"1.0"), ("ce_id", str(uuid.uuid4()).encode()),
+                ("ce_time", now.isoformat(timespec="milliseconds").encode()),
+                ("ce_expirytime", expiry.isoformat(timespec="milliseconds").encode()),
+                ("ce_source", b"/bench"), ("ce_type", schema.encode()),
+                ("ce_eoguardattempt", b"1"), ("ce_eoguardproducer", b"bench-1"),
+                ("content-type", b"application/avro")]
+    return headers
+
+
+def baseline_producer(bootstrap: str, url: str, topic: str, orders: list[dict[str, Any]],
+                      path: str = PRODUCERS[0]) -> float:
+    """A plain producer's seconds for ``orders``: ``path`` is one of the first three."""
     with SchemaRegistryClient({"url": url}) as client:
         serialize = AvroSerializer(
             client, json.dumps(SchemaRegistry.default().get(ORDER).schema))
         context = SerializationContext(topic, MessageField.VALUE)
+        if path == PRODUCERS[2]:  # Avro bytes in eoguard's envelope, both by fastavro
+            order_schema = fastavro.parse_schema(SchemaRegistry.default().get(ORDER).schema)
+            envelope = PlainEncoder("bench-wire")
+            buffer = io.BytesIO()
+
+            def record(order: dict[str, Any]) -> tuple[bytes, list[tuple[str, bytes]] | None]:
+                buffer.seek(0)
+                buffer.truncate()
+                fastavro.schemaless_writer(buffer, order_schema, order)
+                return envelope.encode(buffer.getvalue(), 3_600_000), None
+        elif path == PRODUCERS[1]:
+            make_headers = cloudevents_headers(ORDER)
+
+            def record(order: dict[str, Any]) -> tuple[bytes, list[tuple[str, bytes]] | None]:
+                return serialize(order, context), make_headers()
+        else:
+            def record(order: dict[str, Any]) -> tuple[bytes, list[tuple[str, bytes]] | None]:
+                return serialize(order, context), None
         producer = Producer({"bootstrap.servers": bootstrap, **KAFKA})
         failed: list[object] = []
 
@@ -87,14 +147,16 @@ def baseline_producer(bootstrap: str, url: str, topic: str, orders: list[dict[st
             if err is not None:
                 failed.append(err)
 
-        producer.produce(topic, serialize(orders[0], context))  # warm: registry, metadata
+        value, headers = record(orders[0])
+        producer.produce(topic, value, headers=headers)  # warm: registry, metadata
         producer.flush(30)
         started = time.perf_counter()
         for i, order in enumerate(orders):
-            value = serialize(order, context)
+            value, headers = record(order)
             while True:
                 try:
-                    producer.produce(topic, value, b"k%d" % (i & 31), on_delivery=delivered)
+                    producer.produce(topic, value, b"k%d" % (i & 31), on_delivery=delivered,
+                                     headers=headers)
                     break
                 except BufferError:
                     producer.poll(0.001)
@@ -123,10 +185,27 @@ def guarded_producer(bootstrap: str, redis_url: str, url: str, topic: str,
         return time.perf_counter() - started
 
 
-def baseline_consumer(bootstrap: str, url: str, topic: str, total: int) -> float:
+def baseline_consumer(bootstrap: str, url: str, topic: str, total: int,
+                      path: str = CONSUMERS[0]) -> float:
+    """A plain consumer's seconds for ``total`` records: ``path`` is one of the first three."""
     with SchemaRegistryClient({"url": url}) as client:
         deserialize = AvroDeserializer(client)
         context = SerializationContext(topic, MessageField.VALUE)
+        order_schema = fastavro.parse_schema(SchemaRegistry.default().get(ORDER).schema)
+
+        def read(msg: Message) -> object:
+            if path == CONSUMERS[2]:
+                env = plain_decode(msg.value())
+                return None if env is None else fastavro.schemaless_reader(
+                    io.BytesIO(env["payload"]), order_schema, None)
+            if path == CONSUMERS[1]:
+                fields = dict(msg.headers() or ())
+                expiry = dt.datetime.fromisoformat(fields["ce_expirytime"].decode())
+                dt.datetime.fromisoformat(fields["ce_time"].decode())
+                if expiry <= dt.datetime.now(dt.timezone.utc):
+                    return None
+            return deserialize(msg.value(), context)
+
         consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"b-{uuid.uuid4().hex}",
                              "auto.offset.reset": "earliest", "enable.auto.commit": False})
         consumer.subscribe([topic])
@@ -139,7 +218,7 @@ def baseline_consumer(bootstrap: str, url: str, topic: str, total: int) -> float
                     started = polled
                 for msg in msgs:
                     if msg.error() is None:
-                        deserialize(msg.value(), context)
+                        read(msg)
                         seen += 1
                 if msgs:
                     consumer.commit(asynchronous=True)
@@ -171,7 +250,7 @@ def interleaved(paths: tuple[str, ...], rounds: int, run: Callable[[str], float]
     for r in range(rounds):
         for path in paths[r % len(paths):] + paths[:r % len(paths)]:
             rates[path].append(n / run(path))
-            print(f"  round {r + 1}: {path:26s} {rates[path][-1]:10,.0f} msg/s", flush=True)
+            print(f"  round {r + 1}: {path:38s} {rates[path][-1]:10,.0f} msg/s", flush=True)
     return rates
 
 
@@ -179,11 +258,18 @@ def report(suite: str, paths: tuple[str, ...], rates: dict[str, list[float]], n:
     base = statistics.median(rates[paths[0]])
     for path in paths:
         median = statistics.median(rates[path])
-        print(f"{suite:9s}{path:26s} min {min(rates[path]):9,.0f} median {median:9,.0f} "
+        print(f"{suite:9s}{path:38s} min {min(rates[path]):9,.0f} median {median:9,.0f} "
               f"msg/s  {median / base:5.2f}x {paths[0]}")
         table.add(table.Row(suite=f"wire {suite}", path=path, rates=rates[path],
                             baseline=None if path == paths[0] else paths[0],
                             note=f"{n} orders"))
+
+
+def own_baselines(suite: str, paths: tuple[str, ...], rates: dict[str, list[float]]) -> None:
+    """Each format against the plain path that writes or reads the same fields."""
+    for mine, own in OWN_BASELINES:
+        ratio = statistics.median(rates[paths[mine]]) / statistics.median(rates[paths[own]])
+        print(f"{suite:9s}{paths[mine]:38s} {ratio:5.2f}x {paths[own]} (its own baseline)")
 
 
 def main() -> None:
@@ -203,21 +289,24 @@ def main() -> None:
 
     def produce(path: str) -> float:
         topic = written[path] = topic_of(ends.kafka_bootstrap, args.partitions)
-        if path == PRODUCERS[0]:
-            return baseline_producer(ends.kafka_bootstrap, url, topic, orders)
+        if path in PRODUCERS[:3]:
+            return baseline_producer(ends.kafka_bootstrap, url, topic, orders, path)
         wire = WireFormat.HEADERS if path.startswith("headers") else WireFormat.ENVELOPE
         return guarded_producer(ends.kafka_bootstrap, ends.redis_url, url, topic, orders, wire)
 
-    report("producer", PRODUCERS, interleaved(PRODUCERS, args.rounds, produce, n), n)
-    sources = dict(zip(CONSUMERS, PRODUCERS, strict=True))
+    produced = interleaved(PRODUCERS, args.rounds, produce, n)
+    report("producer", PRODUCERS, produced, n)
+    own_baselines("producer", PRODUCERS, produced)
 
     def consume(path: str) -> float:
-        topic = written[sources[path]]
-        if path == CONSUMERS[0]:
-            return baseline_consumer(ends.kafka_bootstrap, url, topic, n)
+        topic = written[SOURCES[path]]
+        if path in CONSUMERS[:3]:
+            return baseline_consumer(ends.kafka_bootstrap, url, topic, n, path)
         return guarded_consumer(ends.kafka_bootstrap, ends.redis_url, url, topic, n)
 
-    report("consumer", CONSUMERS, interleaved(CONSUMERS, args.rounds, consume, n), n)
+    consumed = interleaved(CONSUMERS, args.rounds, consume, n)
+    report("consumer", CONSUMERS, consumed, n)
+    own_baselines("consumer", CONSUMERS, consumed)
 
 
 if __name__ == "__main__":
