@@ -13,6 +13,7 @@ from eoguard.codec import (
     SchemaRegistry,
 )
 from eoguard.config import ConsumerConfig, ProducerConfig, RedisConfig, SchemaRegistryConfig
+from eoguard.consumer.aio import AsyncGuardedConsumer
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext, RedisTx
 from eoguard.consumer.state import ConsumerStats
@@ -74,6 +75,7 @@ from eoguard.store.dedup import ClaimResult, DedupStore
 from eoguard.store.keys import KeySpace
 
 __all__ = [
+    "AsyncGuardedConsumer",
     "AsyncGuardedProducer",
     "BackpressureError",
     "BadMagicError",

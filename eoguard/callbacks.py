@@ -6,9 +6,10 @@ would run nothing, yet count as done. :func:`require_sync` refuses one where it 
 (construction, a ``send`` call); :func:`awaitable_refused` catches a plain callable that
 returns an awaitable anyway, when it is called.
 
-The one exception is :class:`eoguard.AsyncGuardedProducer`'s ``on_guaranteed`` /
-``on_failed``: they run on the application's event loop, where an ``async def`` callback is
-run as a task (:mod:`eoguard.producer.aio`), so it does not call these.
+The exceptions run on the application's event loop: :class:`eoguard.AsyncGuardedProducer`'s
+``on_guaranteed`` / ``on_failed`` (an ``async def`` one is run as a task,
+:mod:`eoguard.producer.aio`) and :class:`eoguard.AsyncGuardedConsumer`'s handler (awaited,
+:mod:`eoguard.consumer.aio`), so they do not call these.
 """
 
 from __future__ import annotations
@@ -48,11 +49,14 @@ def is_async(fn: object) -> bool:
     return inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call)
 
 
-def require_sync(fn: object, what: str, *, error: type[InvalidInputError] = ConfigError) -> None:
+def require_sync(fn: object, what: str, *, error: type[InvalidInputError] = ConfigError,
+                 instead: str = "") -> None:
     """Refuse an async callback ``what`` where it is taken: ``error`` (ConfigError at
-    construction, InvalidMessageError in a ``send`` call) names it and the fix. None passes."""
+    construction, InvalidMessageError in a ``send`` call) names it and the fix, and
+    ``instead`` what takes an async one. None passes."""
     if fn is not None and is_async(fn):
-        raise error(f"{what} is an async def callable; {_FIX}")
+        also = f"; or {instead}" if instead else ""
+        raise error(f"{what} is an async def callable; {_FIX}{also}")
 
 
 def awaitable_refused(result: object, what: str) -> InvalidInputError | None:

@@ -24,9 +24,11 @@ A claim's life has one set of verbs, the same in the store, the Spark job and do
   consume order.
 """
 
+from eoguard.consumer.aio import AsyncGuardedConsumer
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext, RedisTx
 from eoguard.consumer.state import ConsumerStats
 from eoguard.consumer.trace import TraceRecord
 
-__all__ = ["ConsumerStats", "GuardedConsumer", "HandlerContext", "RedisTx", "TraceRecord"]
+__all__ = ["AsyncGuardedConsumer", "ConsumerStats", "GuardedConsumer", "HandlerContext", "RedisTx",
+           "TraceRecord"]

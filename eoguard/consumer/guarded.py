@@ -98,7 +98,8 @@ class GuardedConsumer:
                  registry: SchemaRegistry | None = None) -> None:
         if (handler is None) == (batch_handler is None):
             raise ConfigError("GuardedConsumer needs exactly one of handler= or batch_handler=")
-        require_sync(handler, "handler")  # before any connection: nothing to close
+        # Before any connection: nothing to close.
+        require_sync(handler, "handler", instead="use AsyncGuardedConsumer, which awaits it")
         require_sync(batch_handler, "batch_handler")
         self.config = config
         self._owns_redis = redis is None and config.redis.client is None  # closed at close()

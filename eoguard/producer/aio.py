@@ -24,7 +24,6 @@ import enum
 import functools
 import inspect
 import logging
-import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, NamedTuple
@@ -32,6 +31,7 @@ from typing import Any, NamedTuple
 from eoguard.codec import SchemaRegistry
 from eoguard.config import ProducerConfig
 from eoguard.errors import BackpressureError, EoguardError, PersistError, ProducerClosedError
+from eoguard.offloop import build_off_loop
 from eoguard.producer.guarded import GuardedProducer
 from eoguard.producer.messages import PendingMessage, ProducerStats, SendHandle
 from eoguard.producer.recovery import RecoveryReport
@@ -106,17 +106,11 @@ class AsyncGuardedProducer:
         if self._state is not _Lifecycle.NEW:
             raise ProducerClosedError(f"start() on a producer that is {self._state.value}")
         self._state = _Lifecycle.STARTING
-        loop = self._loop = asyncio.get_running_loop()
-        building = loop.run_in_executor(None, functools.partial(
-            GuardedProducer, self.config, registry=self._registry,
-            on_guaranteed=self._guaranteed, on_failed=self._failed))
-        try:
-            producer = await asyncio.shield(building)
-        except asyncio.CancelledError:
-            # The thread goes on connecting: the producer it builds is closed, not leaked.
-            self._state = _Lifecycle.CLOSED
-            building.add_done_callback(_close_when_built)
-            raise
+        self._loop = asyncio.get_running_loop()
+        try:  # cancelled: the producer its thread goes on building is closed, not leaked
+            producer = await build_off_loop(functools.partial(
+                GuardedProducer, self.config, registry=self._registry,
+                on_guaranteed=self._guaranteed, on_failed=self._failed))
         except BaseException:
             self._state = _Lifecycle.CLOSED
             raise
@@ -349,11 +343,3 @@ class AsyncGuardedProducer:
     def __repr__(self) -> str:
         return (f"AsyncGuardedProducer(mode={self.config.mode.value!r}, "
                 f"state={self._state.value})")
-
-
-def _close_when_built(building: asyncio.Future[GuardedProducer]) -> None:
-    """A cancelled start()'s producer, once its thread built it: closed on a thread of its
-    own (not the loop's executor, which may be shutting down with the loop by then)."""
-    if building.cancelled() or building.exception() is not None:
-        return
-    threading.Thread(target=building.result().close, name="eoguard-close-cancelled-start").start()

@@ -3,7 +3,7 @@
 The layers, bottom first (a module may import its own package and any lower layer)::
 
     errors, redaction, modes
-    envelope, credentials, callbacks
+    envelope, credentials, callbacks, offloop
     codec
     store
     config, kafka, stack, metrics
@@ -27,7 +27,7 @@ PACKAGE = Path(eoguard.__file__).parent
 ROOT = PACKAGE.parent
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"errors", "redaction", "modes"}),
-    frozenset({"envelope", "credentials", "callbacks"}),
+    frozenset({"envelope", "credentials", "callbacks", "offloop"}),
     frozenset({"codec"}),
     frozenset({"store"}),
     frozenset({"config", "kafka", "stack", "metrics"}),
