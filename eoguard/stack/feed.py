@@ -6,7 +6,7 @@ values it is given, so a test or a benchmark controls every byte a consumer read
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from confluent_kafka import Producer
@@ -34,8 +34,10 @@ def envelope(payload: bytes = b"payload", *, ttl_ms: int = 600_000, message_id: 
 
 
 def produce(bootstrap: str, topic: str, values: Iterable[bytes | Envelope], *,
-            key: bytes | None = None, partition: int | None = None) -> int:
+            key: bytes | None = None, keys: Sequence[bytes | None] | None = None,
+            partition: int | None = None) -> int:
     """Produce values (envelopes are encoded) with acks=all; returns how many Kafka acked.
+    Each record has ``key``, or with ``keys`` the key at its index.
 
     Raises :class:`BrokerError` if any value was not acknowledged.
     """
@@ -48,9 +50,10 @@ def produce(bootstrap: str, topic: str, values: Iterable[bytes | Envelope], *,
         (failed.append(str(err)) if err else acked.append(1))
 
     count = 0
-    for value in values:
+    for i, value in enumerate(values):
         raw = _CODEC.encode(value) if isinstance(value, Envelope) else value
-        kwargs: dict[str, Any] = {"value": raw, "key": key, "on_delivery": report}
+        kwargs: dict[str, Any] = {"value": raw, "key": key if keys is None else keys[i],
+                                  "on_delivery": report}
         if partition is not None:
             kwargs["partition"] = partition
         while True:

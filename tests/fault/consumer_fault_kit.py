@@ -34,8 +34,10 @@ class Worker:
         for line in self.proc.stdout:
             self.lines.put(line.strip())
 
-    def wait_for(self, prefix: str, timeout_s: float = 60.0) -> str | None:
-        """The next line starting with ``prefix``; None if the process ended first."""
+    def wait_for(self, prefix: str, timeout_s: float = 60.0, *,
+                 missing_ok: bool = False) -> str | None:
+        """The next line starting with ``prefix``; None if the process ended first (or, with
+        ``missing_ok``, if none came within ``timeout_s``)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
@@ -46,6 +48,8 @@ class Worker:
                 continue
             if line.startswith(prefix):
                 return line
+        if missing_ok:
+            return None
         raise AssertionError(f"no {prefix!r} line within {timeout_s} s (see {self.log.name})")
 
     def kill(self) -> None:
