@@ -17,6 +17,7 @@ import time
 from bench import table
 
 SUITES = ("producer", "async", "consumer", "latency", "spark", "wire")
+MODULES = {"async": ("async", "async_consumer")}  # a suite of more than one module (bench_*)
 
 
 def main(argv: list[str]) -> int:
@@ -37,8 +38,9 @@ def main(argv: list[str]) -> int:
         # Each suite parses its own options: defaults here, but the consumer suite's trickle
         # latency run is left out when the latency suite (which has that point) runs too.
         extra = ["--latency-s", "0"] if name == "consumer" and "latency" in suites else []
-        sys.argv = [f"bench.bench_{name}", *extra]
-        importlib.import_module(f"bench.bench_{name}").main()
+        for module in MODULES.get(name, (name,)):
+            sys.argv = [f"bench.bench_{module}", *extra]
+            importlib.import_module(f"bench.bench_{module}").main()
         took.append(f"{name} {time.monotonic() - suite_started:.0f} s")
     print(f"\nran in {time.monotonic() - started:.0f} s ({', '.join(took)})")
     info = table.machine()
