@@ -24,9 +24,9 @@ and over the first ``--io-messages`` records, with a handler that awaits ``--io-
 
 The guarded rows are timed from their first handler call, after the first claims landed (a
 round trip, a few ms, with the next batches read meanwhile): a bias in their favour that only
-shows at small sizes, so read the figures of the default sizes. Meanwhile a probe task records the event loop's lag (bench_async's). Prints msg/s, each
-median's ratio to its baseline, and the lag; ``python -m bench async`` runs this after the
-async producer's rows.
+shows at small sizes, so read the figures of the default sizes. Meanwhile a probe task records
+the event loop's lag (bench_async's). Prints msg/s, each median's ratio to its baseline, and
+the lag; ``python -m bench async`` runs this after the async producer's rows.
 """
 
 from __future__ import annotations
