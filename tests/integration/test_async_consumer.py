@@ -32,11 +32,15 @@ SCOPE = "app"
 @pytest.fixture
 def build(kafka_bootstrap: str, redis_url: str, key_prefix: str, new_topic
           ) -> Callable[..., AsyncGuardedConsumer]:
+    # Created here, not in make(): make() runs on the loop, where creating a topic (a
+    # blocking admin call) would hold it over the debug loop's 100 ms.
+    dead_letters = new_topic(1, prefix="dlq")
+
     def make(topic: str, handler: Any = None, *, group: str | None = None,
              **kw: Any) -> AsyncGuardedConsumer:
         lanes = {k: kw.pop(k) for k in ("concurrency", "keep_key_order", "handler_timeout_s")
                  if k in kw}
-        kw.setdefault("dead_letter_topic", new_topic(1, prefix="dlq"))
+        kw.setdefault("dead_letter_topic", dead_letters)
         config = consumer_config(kafka_bootstrap, redis_url, [topic], prefix=key_prefix,
                                  scope=SCOPE, group=group, **kw)
         return AsyncGuardedConsumer(config, handler=handler, **lanes)
