@@ -200,8 +200,9 @@ def test_cancelling_run_finishes_the_batch_in_flight_and_gives_back_the_rest(
     done = {mid for mid, n in counts(redis_client, key_prefix, envs).items() if n == 1}
     assert done == set(handled)  # every message handled has its done mark
     assert 30 < len(handled) < len(envs)  # the waiting handler finished, the rest did not run
-    left = [e for e in envs if e.id not in done]
-    assert IdState.IN_PROGRESS not in states(redis_client, key_prefix, left)  # given back
+    left = states(redis_client, key_prefix, [e for e in envs if e.id not in done])
+    assert IdState.FREE in left  # batches read ahead were claimed, then given back ...
+    assert IdState.IN_PROGRESS not in left  # ... every one of them
 
 
 def test_cancelling_run_twice_cancels_the_handlers_and_gives_their_batch_back(
