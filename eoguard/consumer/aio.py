@@ -21,7 +21,8 @@ its handlers run on the loop and that nothing else does.
   ``async for ctx in consumer`` hands the messages to the loop's body one at a time instead:
   a message counts as handled (its ``ctx.tx`` effects and outputs go with its done mark)
   once the body asks for the next one; leaving the loop (``break``, an exception) gives the
-  message in hand back, unhandled, when the consumer closes (``async with``).
+  batch of the message in hand back, unhandled, when the consumer closes (``async with``):
+  the messages of that batch the body went past are handled again by the next reader.
 * **Cancellation.** Cancelling ``run()`` finishes the batch in flight (its handlers run to
   their end, at most ``handler_timeout_s``), lands its done marks and commits, gives back the
   claims of the batches read ahead (another reader takes them at once), leaves the group, then
@@ -198,8 +199,11 @@ class AsyncGuardedConsumer:
         consumer = self._consumer
         if self._state is not _Lifecycle.STARTED or consumer is None:
             raise self._not_ready()
-        self._state = _Lifecycle.RUNNING
         loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # its batches would go to start()'s loop, run by nobody
+            raise StateError("run() or async for on another event loop than start()'s: "
+                             "start and run the consumer on one loop")
+        self._state = _Lifecycle.RUNNING
         ended = self._ended = loop.create_future()
         threading.Thread(target=self._poll_until_stopped, args=(consumer, loop, ended),
                          name=f"eoguard-async-consumer-{consumer.instance_id}").start()

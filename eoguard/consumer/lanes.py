@@ -9,9 +9,12 @@ turn by the run itself.
 
 A handler that raises, or runs past ``timeout_s`` (it is cancelled then), fails its message
 only: the run returns it with its error, as a batch handler returns its failed ids. As in
-GuardedConsumer, a failed message is retried after the rest of its batch was handled, so the
-key order holds among the attempts that succeed. A cancellation is no failure: it cancels
-every handler still running and is raised (the caller gives the batch back).
+GuardedConsumer, a failed message is retried after the rest of its batch was handled: the
+later messages of its key in the batch are handled before its retry, so the key order holds
+only while no handler of the key fails. A cancellation is no failure: it cancels
+every handler still running and is raised (the caller gives the batch back). A handler
+raising CancelledError of its own (it awaited something another task cancelled), its task not
+cancelled, fails its attempt like any error: it does not stop the consumer.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ class LaneRunner:
 
     async def run(self, contexts: Sequence[HandlerContext]) -> dict[str, BaseException]:
         """Every context's handler once; the failed ones by message id. Cancelled (or a
-        handler cancelled by someone else): every handler still running is cancelled and
+        worker task cancelled by someone else): every handler still running is cancelled and
         CancelledError raised."""
         errors: dict[str, BaseException] = {}
         lanes = self._lanes(contexts)
@@ -90,7 +93,7 @@ class LaneRunner:
                 if error is not None:
                     errors[ctx.message_id] = error
 
-    async def _attempt(self, ctx: HandlerContext) -> Exception | None:
+    async def _attempt(self, ctx: HandlerContext) -> BaseException | None:
         """One handler call: None when it succeeded, else what failed it."""
         try:
             if self.timeout_s is None:
@@ -99,6 +102,10 @@ class LaneRunner:
                 await self._call_within(ctx, self.timeout_s)
         except Exception as exc:  # noqa: BLE001 - any handler error fails this attempt
             return exc
+        except asyncio.CancelledError as exc:
+            if _cancelled_from_outside():
+                raise
+            return exc  # the handler's own (it awaited something cancelled): a failure
         return None
 
     async def _call_within(self, ctx: HandlerContext, timeout_s: float) -> None:
@@ -112,3 +119,12 @@ class LaneRunner:
         returned = self._handler(ctx)
         if returned is not None:
             await returned
+
+
+def _cancelled_from_outside() -> bool:
+    """Whether the task running the handler is being cancelled (the run, the loop shutting
+    down), not the handler raising CancelledError of its own. Python 3.10 cannot tell the
+    two apart (no ``Task.cancelling``): every CancelledError counts as from outside."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling is None or cancelling() > 0
