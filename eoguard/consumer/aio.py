@@ -48,7 +48,7 @@ from eoguard.codec import SchemaRegistry
 from eoguard.config import ConsumerConfig
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext
-from eoguard.consumer.lanes import AsyncHandler, LaneRunner
+from eoguard.consumer.lanes import AsyncHandler, LaneRunner, within
 from eoguard.consumer.state import ConsumerStats
 from eoguard.errors import ConfigError, ConsumerClosedError, StateError
 from eoguard.offloop import build_off_loop
@@ -59,6 +59,11 @@ __all__ = ["AsyncGuardedConsumer", "AsyncHandler"]
 log = logging.getLogger(__name__)
 
 _WAKE_S = 1.0  # how often the consumer thread, waiting on the loop, checks the loop still runs
+
+
+_Handover = tuple[HandlerContext, "asyncio.Future[None]", "asyncio.Future[None]"]
+"""async for: a message for the body, the future set when the body takes it and the one set
+when it asks for the next (handled)."""
 
 
 class _GivenBack(BaseException):
@@ -92,10 +97,13 @@ class AsyncGuardedConsumer:
                  registry: SchemaRegistry | None = None) -> None:
         self.config = config
         self._handler = handler
-        # async for hands messages over one at a time: its body is the one handler.
+        # async for hands messages over one at a time: its body is the one handler, timed
+        # from when it takes the message (_hand_over), not while it is busy with the one before.
         self._lanes = LaneRunner(handler or self._hand_over,
                                  concurrency=concurrency if handler is not None else 1,
-                                 keep_key_order=keep_key_order, timeout_s=handler_timeout_s)
+                                 keep_key_order=keep_key_order,
+                                 timeout_s=handler_timeout_s if handler is not None else None)
+        self._body_timeout_s = handler_timeout_s if handler is None else None
         self._redis, self._registry = redis, registry
         self._state = _Lifecycle.NEW
         self._consumer: GuardedConsumer | None = None
@@ -106,7 +114,7 @@ class AsyncGuardedConsumer:
         self._given_back = False  # handlers cancelled: every batch is given back
         self._stats = ConsumerStats()  # the consumer thread's copy after each poll
         # async for: the message handed to the body, with what its handler waits on
-        self._inbox: asyncio.Queue[tuple[HandlerContext, asyncio.Future[None]]] | None = None
+        self._inbox: asyncio.Queue[_Handover] | None = None
         self._in_hand: asyncio.Future[None] | None = None
 
     # Lifecycle -------------------------------------------------------------------------
@@ -174,10 +182,10 @@ class AsyncGuardedConsumer:
     async def _messages(self) -> AsyncIterator[HandlerContext]:
         """The messages one at a time; the one in hand counts as handled when the next is
         asked for (module docstring)."""
-        inbox: asyncio.Queue[tuple[HandlerContext, asyncio.Future[None]]] = asyncio.Queue()
+        inbox: asyncio.Queue[_Handover] = asyncio.Queue()
         self._inbox = inbox
         running = asyncio.ensure_future(self._run())
-        getting: asyncio.Future[tuple[HandlerContext, asyncio.Future[None]]] | None = None
+        getting: asyncio.Future[_Handover] | None = None
         try:
             while True:
                 if self._in_hand is not None and not self._in_hand.done():
@@ -187,7 +195,11 @@ class AsyncGuardedConsumer:
                 if not getting.done():
                     await running  # the run ended: raises its error, if any
                     return
-                ctx, self._in_hand = getting.result()
+                ctx, taken, handled = getting.result()
+                if taken.done():  # its batch was given back meanwhile: not the body's
+                    continue
+                taken.set_result(None)  # its handler's timeout starts now
+                self._in_hand = handled
                 yield ctx
         finally:
             if getting is not None:
@@ -287,9 +299,15 @@ class AsyncGuardedConsumer:
     async def _hand_over(self, ctx: HandlerContext) -> None:
         """async for's handler: hand ``ctx`` to the body, wait until it asks for the next."""
         assert self._inbox is not None
-        handled = asyncio.get_running_loop().create_future()
-        self._inbox.put_nowait((ctx, handled))
-        await handled
+        loop = asyncio.get_running_loop()
+        taken: asyncio.Future[None] = loop.create_future()
+        handled: asyncio.Future[None] = loop.create_future()
+        self._inbox.put_nowait((ctx, taken, handled))
+        await taken  # the body may still be on a message whose time ran out
+        if self._body_timeout_s is None:
+            await handled
+        else:
+            await within(handled, self._body_timeout_s)
 
     # The rest, as GuardedConsumer's --------------------------------------------------------
     def stats(self) -> ConsumerStats:

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from eoguard.consumer.handler import HandlerContext
 from eoguard.errors import ConfigError
 
-__all__ = ["AsyncHandler", "LaneRunner"]
+__all__ = ["AsyncHandler", "LaneRunner", "within"]
 
 AsyncHandler = Callable[[HandlerContext], Awaitable[None] | None]
 """Handles one message on the event loop: an ``async def`` (or a plain ``def``, run on the
@@ -109,16 +109,22 @@ class LaneRunner:
         return None
 
     async def _call_within(self, ctx: HandlerContext, timeout_s: float) -> None:
-        try:
-            await asyncio.wait_for(self._call(ctx), timeout_s)
-        except asyncio.TimeoutError as exc:  # wait_for's: it cancelled the handler
-            raise TimeoutError(f"the handler ran past handler_timeout_s ({timeout_s} s) and "
-                               "was cancelled") from exc
+        await within(self._call(ctx), timeout_s)
 
     async def _call(self, ctx: HandlerContext) -> None:
         returned = self._handler(ctx)
         if returned is not None:
             await returned
+
+
+async def within(handling: Awaitable[object], timeout_s: float) -> None:
+    """Await a handler's ``handling`` up to ``timeout_s``; past it, it is cancelled and
+    TimeoutError raised (the attempt fails)."""
+    try:
+        await asyncio.wait_for(handling, timeout_s)
+    except asyncio.TimeoutError as exc:  # wait_for's: it cancelled the handler
+        raise TimeoutError(f"the handler ran past handler_timeout_s ({timeout_s} s) and "
+                           "was cancelled") from exc
 
 
 def _cancelled_from_outside() -> bool:

@@ -83,6 +83,33 @@ def test_a_handler_raising_cancelled_of_its_own_fails_its_attempt_only(
     assert set(counts(redis_client, key_prefix, envs).values()) == {1}
 
 
+def test_async_for_times_a_message_from_when_the_body_takes_it(make, new_topic, kafka_bootstrap,
+                                                              redis_client, key_prefix) -> None:
+    # The body overruns handler_timeout_s on m3 (its attempt fails, retried). Before, the
+    # timeout of m4, waiting in the hand-over queue, ran meanwhile: m4's attempt failed too,
+    # and the body was then handed m4 anyway, its effects dropped (then m4 again, retried).
+    topic = new_topic(1)
+    envs = [envelope(b"m%d" % i) for i in range(8)]
+    produce(kafka_bootstrap, topic, envs, partition=0)
+    index = {e.id: i for i, e in enumerate(envs)}
+    seen: list[tuple[int, int]] = []
+
+    async def main() -> None:
+        async with make(topic, handler_timeout_s=0.2) as consumer:
+            async for ctx in consumer:
+                seen.append((index[ctx.message_id], ctx.attempt))
+                ctx.tx.incr(ctx.key_for(f"count:{ctx.message_id}"))
+                if seen[-1] == (3, 1):
+                    await asyncio.sleep(1.0)  # past the timeout: this attempt fails
+                if (3, 2) in seen and len({i for i, _ in seen}) == len(envs):
+                    break
+
+    run(main())
+    assert sorted(seen) == sorted([(i, 1) for i in range(8)] + [(3, 2)])
+    effects = counts(redis_client, key_prefix, envs)
+    assert [effects[e.id] for i, e in enumerate(envs) if i != 3] == [1] * 7
+
+
 @pytest.mark.xfail(strict=True, reason="a failed message is retried after the rest of its "
                    "batch, later messages of its key first (docs/design.md §6, key order)")
 def test_keep_key_order_holds_across_a_failed_attempt(make, new_topic,
