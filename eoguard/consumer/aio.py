@@ -171,7 +171,7 @@ class AsyncGuardedConsumer:
         if self._handler is None:
             raise ConfigError("run() needs a handler=; without one, iterate: async for ctx "
                               "in consumer")
-        await self._run()
+        await self._run(self._begin())
 
     def __aiter__(self) -> AsyncIterator[HandlerContext]:
         if self._handler is not None:
@@ -182,9 +182,10 @@ class AsyncGuardedConsumer:
     async def _messages(self) -> AsyncIterator[HandlerContext]:
         """The messages one at a time; the one in hand counts as handled when the next is
         asked for (module docstring)."""
+        consumer = self._begin()  # first: a second async for, refused, takes nothing over
         inbox: asyncio.Queue[_Handover] = asyncio.Queue()
         self._inbox = inbox
-        running = asyncio.ensure_future(self._run())
+        running = asyncio.ensure_future(self._run(consumer))
         getting: asyncio.Future[_Handover] | None = None
         try:
             while True:
@@ -207,15 +208,20 @@ class AsyncGuardedConsumer:
             if not running.done():  # left the loop: the message in hand goes back
                 self._give_back()
 
-    async def _run(self) -> None:
+    def _begin(self) -> GuardedConsumer:
+        """The consumer to run, now RUNNING; raises when run() or async for may not start
+        (not started, closed, running already, another loop than start()'s)."""
         consumer = self._consumer
         if self._state is not _Lifecycle.STARTED or consumer is None:
             raise self._not_ready()
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # its batches would go to start()'s loop, run by nobody
+        if asyncio.get_running_loop() is not self._loop:  # its batches: to a loop not run
             raise StateError("run() or async for on another event loop than start()'s: "
                              "start and run the consumer on one loop")
         self._state = _Lifecycle.RUNNING
+        return consumer
+
+    async def _run(self, consumer: GuardedConsumer) -> None:
+        loop = asyncio.get_running_loop()
         ended = self._ended = loop.create_future()
         threading.Thread(target=self._poll_until_stopped, args=(consumer, loop, ended),
                          name=f"eoguard-async-consumer-{consumer.instance_id}").start()

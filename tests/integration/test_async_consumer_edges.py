@@ -1,6 +1,7 @@
 """AsyncGuardedConsumer at its edges, against the real Kafka and Redis: run() on another loop
-than start()'s, a handler raising CancelledError of its own, the key order across a failed
-attempt (tests/integration/test_async_consumer.py has the main cases and its fixture)."""
+than start()'s, a handler raising CancelledError of its own, async for's timeout and a second
+async for refused, the key order across a failed attempt (tests/integration/
+test_async_consumer.py has the main cases and the fixture)."""
 
 from __future__ import annotations
 
@@ -108,6 +109,32 @@ def test_async_for_times_a_message_from_when_the_body_takes_it(make, new_topic, 
     assert sorted(seen) == sorted([(i, 1) for i in range(8)] + [(3, 2)])
     effects = counts(redis_client, key_prefix, envs)
     assert [effects[e.id] for i, e in enumerate(envs) if i != 3] == [1] * 7
+
+
+def test_a_second_async_for_refused_leaves_the_first_one_going(make, new_topic,
+                                                               kafka_bootstrap) -> None:
+    # Before, the refused second loop had taken the hand-over queue: the first one got
+    # nothing more and waited forever (here: until wait_for's guard).
+    topic = new_topic(1)
+    envs = [envelope(b"m%d" % i) for i in range(20)]
+    produce(kafka_bootstrap, topic, envs, partition=0)
+    got: list[str] = []
+
+    async def main() -> None:
+        async with make(topic) as consumer:
+            async def first() -> None:
+                async for ctx in consumer:
+                    got.append(ctx.message_id)
+                    if len(got) == 5:
+                        with pytest.raises(StateError, match="runs already"):
+                            async for _ in consumer:
+                                pass
+                    if len(got) == len(envs):
+                        break
+            await asyncio.wait_for(first(), 30)
+
+    run(main())
+    assert got == [e.id for e in envs]
 
 
 @pytest.mark.xfail(strict=True, reason="a failed message is retried after the rest of its "
