@@ -25,6 +25,7 @@ from eoguard.consumer.dead_letter import DeadLetterReason, DeadLetterRouter
 from eoguard.consumer.handler import (
     BatchHandler,
     ContextEnv,
+    Deferred,
     Handler,
     HandlerContext,
     Inbound,
@@ -272,12 +273,17 @@ class BatchProcessor:
         refused = awaitable_refused(errors, "batch_handler")  # an awaitable is truthy
         if refused is not None:  # it ran nothing: the whole batch failed
             errors = {item.envelope.id: refused for item in items}
+        # A Deferred message waits behind a failed one of its key: not an attempt of its own,
+        # unless nothing failed (then nothing bounds the deferrals, and it counts).
+        failing = any(not isinstance(error, Deferred) for error in errors.values())
         outputs: list[OutputRecord] = []
         for item, ctx in zip(items, contexts, strict=True):
             item.error = errors.get(item.envelope.id)
             if item.error is None:
                 item.effects = ctx.effects
                 outputs += ctx.outputs
+            elif failing and isinstance(item.error, Deferred):
+                item.attempts -= 1
         return outputs
 
     def done_call(self, batch: Batch, ok: list[Inbound]) -> Prepared[DoneReport]:
@@ -352,7 +358,8 @@ class BatchProcessor:
                 retry.append(item)
                 self.stats.retries += 1
         if retry:
-            first = min(item.attempts for item in retry)  # grows with store refusals too
+            # Grows with store refusals too; a Deferred message may have no attempt yet.
+            first = max(1, min(item.attempts for item in retry))
             waits.append(min(cfg.retry_backoff_s * 2 ** (first - 1), cfg.retry_backoff_max_s))
         busy, batch.busy = batch.busy, []
         lease_left_ms, batch.lease_left_ms = batch.lease_left_ms, []

@@ -34,6 +34,13 @@ from eoguard.store.keys import KeySpace
 EffectArg = str | bytes | int | float
 
 
+class Deferred(Exception):  # noqa: N818 - a verdict, not an error: the message was not run
+    """A batch handler's answer for a message it did not run because an earlier message of
+    the same Kafka key failed (the async consumer's ``keep_key_order``): it is retried with
+    the failed one, in batch order, and the attempt is not counted against its
+    ``max_retries``. Counted as a failure instead when no message of the call failed."""
+
+
 class RedisTx:
     """Collects a handler's Redis writes; they commit with the done mark or not at all."""
 

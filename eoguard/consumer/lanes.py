@@ -8,10 +8,12 @@ records share a partition). With one worker nothing is spawned: the handlers are
 turn by the run itself.
 
 A handler that raises, or runs past ``timeout_s`` (it is cancelled then), fails its message
-only: the run returns it with its error, as a batch handler returns its failed ids. As in
-GuardedConsumer, a failed message is retried after the rest of its batch was handled: the
-later messages of its key in the batch are handled before its retry, so the key order holds
-only while no handler of the key fails. A cancellation is no failure: it cancels
+only: the run returns it with its error, as a batch handler returns its failed ids. With
+``keep_key_order`` the later messages of its lane are not run: they are returned
+:class:`~eoguard.consumer.handler.Deferred`, retried with it in batch order without an attempt
+counted against them, so a key's messages are handled in offset order whatever fails (a
+message dead-lettered past ``max_retries`` no longer holds its key back). A cancellation is no
+failure: it cancels
 every handler still running and is raised (the caller gives the batch back). A handler
 raising CancelledError of its own (it awaited something another task cancelled), its task not
 cancelled, fails its attempt like any error: it does not stop the consumer.
@@ -23,7 +25,7 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 
-from eoguard.consumer.handler import HandlerContext
+from eoguard.consumer.handler import Deferred, HandlerContext
 from eoguard.errors import ConfigError
 
 __all__ = ["AsyncHandler", "LaneRunner", "within"]
@@ -88,10 +90,15 @@ class LaneRunner:
     async def _work(self, lanes: _Lanes, errors: dict[str, BaseException]) -> None:
         """Take lanes until none is left; a lane's handlers one after another."""
         while lanes:
+            failed: str | None = None  # the lane's first failed message: the rest wait for it
             for ctx in lanes.popleft():
+                if failed is not None:
+                    errors[ctx.message_id] = Deferred(f"waits behind {failed}, which failed")
+                    continue
                 error = await self._attempt(ctx)
                 if error is not None:
                     errors[ctx.message_id] = error
+                    failed = ctx.message_id
 
     async def _attempt(self, ctx: HandlerContext) -> BaseException | None:
         """One handler call: None when it succeeded, else what failed it."""

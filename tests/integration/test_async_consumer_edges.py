@@ -137,8 +137,6 @@ def test_a_second_async_for_refused_leaves_the_first_one_going(make, new_topic,
     assert got == [e.id for e in envs]
 
 
-@pytest.mark.xfail(strict=True, reason="a failed message is retried after the rest of its "
-                   "batch, later messages of its key first (docs/design.md §6, key order)")
 def test_keep_key_order_holds_across_a_failed_attempt(make, new_topic,
                                                       kafka_bootstrap) -> None:
     topic = new_topic(1)
@@ -157,4 +155,41 @@ def test_keep_key_order_holds_across_a_failed_attempt(make, new_topic,
             await run_until(consumer, lambda: consumer.stats().handled >= len(envs))
 
     run(main())
-    assert succeeded == sorted(succeeded)  # seen: [0, 2, 3, 4, 5, 1]
+    assert succeeded == list(range(6))  # before Deferred: [0, 2, 3, 4, 5, 1]
+
+
+def test_a_key_held_back_by_a_poison_message_goes_on_once_it_is_dead_lettered(
+        make, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
+    """Message 1 of key K always fails: 2-4 wait behind it, deferred without an attempt
+    counted, and are handled (each on its first attempt, effects once) after 1 is
+    dead-lettered past max_retries; key L's messages are never held back."""
+    topic = new_topic(1)
+    envs = [envelope(b"%d" % i) for i in range(5)]
+    others = [envelope(b"%d" % i) for i in range(10, 13)]
+    produce(kafka_bootstrap, topic, envs[:3], key=b"K", partition=0)
+    produce(kafka_bootstrap, topic, others, key=b"L", partition=0)
+    produce(kafka_bootstrap, topic, envs[3:], key=b"K", partition=0)
+    succeeded: list[tuple[int, int]] = []
+
+    async def handle(ctx: HandlerContext) -> None:
+        seq = int(ctx.payload)
+        if seq == 1:
+            raise RuntimeError("poison")
+        ctx.tx.incr(ctx.key_for(f"count:{ctx.message_id}"))
+        succeeded.append((seq, ctx.attempt))
+
+    async def main() -> tuple[int, int]:
+        async with make(topic, handle, concurrency=4, keep_key_order=True, max_retries=2,
+                        retry_backoff_s=0.01) as consumer:
+            await run_until(consumer, lambda: consumer.stats().dead_lettered >= 1
+                            and consumer.stats().handled >= 7)
+            return consumer.stats().dead_lettered, consumer.stats().handled
+
+    dead, handled = run(main())
+    print(f"handled in order {succeeded}; dead-lettered {dead}")
+    assert (dead, handled) == (1, 7)
+    keyed = [seq for seq, _ in succeeded if seq < 10]
+    assert keyed == [0, 2, 3, 4]
+    assert all(attempt == 1 for seq, attempt in succeeded if seq != 0)
+    assert set(counts(redis_client, key_prefix, [e for e in envs if e is not envs[1]]
+                      ).values()) == {1}
