@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -39,12 +40,14 @@ class Worker:
         self.log.close()
 
 
-def spawn(name: str, argv: list[str], *, log: Path, cwd: Path | None = None) -> Worker:
-    """Run ``python ARGV`` (this interpreter) with stdout and stderr appended to ``log``."""
+def spawn(name: str, argv: list[str], *, log: Path, cwd: Path | None = None,
+          env: Mapping[str, str] | None = None) -> Worker:
+    """Run ``python ARGV`` (this interpreter) with stdout and stderr appended to ``log``;
+    ``env`` adds to (or overrides) this process's environment."""
     out = log.open("ab")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    full = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     if cwd is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cwd), env.get("PYTHONPATH")]))
+        full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cwd), full.get("PYTHONPATH")]))
     proc = subprocess.Popen([sys.executable, *argv], stdout=out, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, cwd=cwd, env=env)
+                            stdin=subprocess.DEVNULL, cwd=cwd, env=full)
     return Worker(name, proc, out)

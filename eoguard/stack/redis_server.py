@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -12,27 +9,14 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from eoguard.errors import StackError
+from eoguard.stack.debian import ensure_package
 from eoguard.stack.process import ManagedProcess
 from eoguard.stack.tls import Security, write_private
 
 
 def ensure_redis_server() -> str:
     """Path of ``redis-server``, installing Debian's package when missing and allowed (root)."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise StackError("redis-server is not installed; run: sudo apt-get install -y redis-server")
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "redis-server"]):
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                              env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-        if done.returncode != 0:
-            raise StackError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
-    found = shutil.which("redis-server")
-    if not found:
-        raise StackError("apt-get installed redis-server but it is not on PATH")
-    return found
+    return ensure_package("redis-server", "redis-server")
 
 
 class RedisServer(ManagedProcess):
