@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fault.chaos.schedule import SERVICE_FAULTS, WORKER_FAULTS, schedule
+from tests.fault.chaos.schedule import (
+    CLOCK_FAULTS,
+    NET_FAULTS,
+    SERVICE_FAULTS,
+    SPLIT_BRAIN,
+    WORKER_FAULTS,
+    schedule,
+)
 
 
 @pytest.mark.parametrize("topology", ["single", "cluster"])
@@ -30,4 +37,5 @@ def test_each_run_has_service_and_worker_faults_inside_the_window(topology: str,
 @pytest.mark.parametrize("topology", ["single", "cluster"])
 def test_fifteen_full_mode_seeds_strike_every_fault_of_the_topology(topology: str) -> None:
     struck = {f.kind for seed in range(1, 16) for f in schedule(seed, topology, 120)}
-    assert struck == set(WORKER_FAULTS) | set(SERVICE_FAULTS[topology])
+    assert struck == (set(WORKER_FAULTS) | set(SERVICE_FAULTS[topology]) | set(NET_FAULTS)
+                      | set(CLOCK_FAULTS) | set(SPLIT_BRAIN[topology]))

@@ -10,6 +10,7 @@ partition stalled that long, a violation.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import redis
@@ -19,6 +20,7 @@ from eoguard.demo.inject import Injected
 from eoguard.envelope import now_ms
 from eoguard.store.keys import KeySpace
 from eoguard.store.outbox_admin import sweep_index
+from tests.fault.chaos.clock import Skew
 from tests.fault.chaos.workload import LONG_TTL_S, SCOPES, SHORT_TTL_S
 
 # Keys of the key prefix itself, not of a message: the outbox index, the layout (no TTL by
@@ -36,6 +38,7 @@ class Counts:
     handled: dict[str, int] = field(default_factory=dict)
     expired_short: dict[str, int] = field(default_factory=dict)
     expired_long: dict[str, set[str]] = field(default_factory=dict)
+    expired_skew: dict[str, int] = field(default_factory=dict)  # as a skewed clock may
     lost: dict[str, set[str]] = field(default_factory=dict)
     duplicated: dict[str, dict[str, int]] = field(default_factory=dict)
     late: dict[str, int] = field(default_factory=dict)
@@ -49,7 +52,8 @@ class Counts:
 
     def line(self) -> str:
         per = " ".join(f"{s}:handled={self.handled.get(s, 0)},expired={self.expired_short.get(s, 0)}"
-                       f"+{len(self.expired_long.get(s, ()))},lost={len(self.lost.get(s, ()))},"
+                       f"+{len(self.expired_long.get(s, ()))}+skew{self.expired_skew.get(s, 0)},"
+                       f"lost={len(self.lost.get(s, ()))},"
                        f"dup={len(self.duplicated.get(s, {}))},late={self.late.get(s, 0)}"
                        for s in SCOPES)
         refused = ",".join(f"{k}={v}" for k, v in sorted(self.refused.items())) or "0"
@@ -82,8 +86,9 @@ class Counts:
 
 
 def count(client: redis.Redis, keys: KeySpace, ledgers: list[observe.LedgerView], injected: Injected,
-          dead: dict[tuple[int, int], str], drained_ms: int) -> Counts:
-    """Invariants 1-4 from the producers' ledgers, the scopes' effects and the dead letters."""
+          dead: dict[tuple[int, int], str], drained_ms: int, skews: Sequence[Skew] = ()) -> Counts:
+    """Invariants 1-4 from the producers' ledgers, the scopes' effects and the dead letters,
+    with what docs/design.md §5 (Clocks) allows a skewed clock (:func:`skewed_out`)."""
     guaranteed: set[str] = set()
     expires: dict[str, int] = {}
     c = Counts()
@@ -101,9 +106,11 @@ def count(client: redis.Redis, keys: KeySpace, ledgers: list[observe.LedgerView]
         c.handled[scope] = len(handled.keys() & guaranteed)
         missing = guaranteed - handled.keys()
         expired = {m for m in missing if expires[m] <= drained_ms}
+        skewed = skewed_out(skews, scope, missing - short, expires, drained_ms)
         c.expired_short[scope] = len(expired & short)
-        c.expired_long[scope] = expired - short
-        c.lost[scope] = missing - expired
+        c.expired_skew[scope] = len(skewed)
+        c.expired_long[scope] = expired - short - skewed
+        c.lost[scope] = missing - expired - skewed
         c.duplicated[scope] = {m: n for m, n in handled.items() if n != 1}
         c.late[scope] = observe.late_count(client, keys, scope)
         c.expired_injected_handled |= set(injected.expired_ids) & handled.keys()
@@ -111,6 +118,21 @@ def count(client: redis.Redis, keys: KeySpace, ledgers: list[observe.LedgerView]
     c.malformed_missing = set(injected.malformed) - dead.keys()
     c.dead_lettered = len(dead)
     return c
+
+
+def skewed_out(skews: Sequence[Skew], scope: str, unhandled: set[str], expires: dict[str, int],
+               drained_ms: int) -> set[str]:
+    """The long-TTL messages of ``unhandled`` (in ``scope``) a skewed clock may leave unhandled
+    (docs/design.md §5, Clocks): those a consumer of the scope running Δ ahead saw expired
+    (``expires_at`` - Δ before it stopped), and the expired ones of a producer Δ behind (they
+    lived Δ less: no stall). An unexpired message of that producer stays a loss."""
+    out: set[str] = set()
+    for skew in skews:
+        if skew.role == "consumer" and skew.scope == scope and skew.skew_ms > 0:
+            out |= {m for m in unhandled if expires[m] - skew.skew_ms <= skew.to_ms}
+        elif skew.role == "producer" and skew.skew_ms < 0:
+            out |= {m for m in unhandled & skew.ids if expires[m] <= drained_ms}
+    return out
 
 
 def spark(c: Counts, ledgers: list[observe.LedgerView], injected: Injected,

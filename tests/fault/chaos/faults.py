@@ -25,6 +25,7 @@ from eoguard.stack.process import ManagedProcess
 from eoguard.stack.redis_cluster import RedisClusterNodes
 from eoguard.stack.redis_server import RedisServer
 from tests.fault.chaos.reshard import REDIRECTS, reshard
+from tests.fault.chaos.split_brain import SplitBrain
 
 FaultFn = Callable[[random.Random, float], str]
 
@@ -122,10 +123,10 @@ class Cluster:
             "kafka-pause": self.pause_broker, "redis-master-kill": self.kill_master,
             "redis-master-pause-failover": self.pause_master, "redis-pause": self.pause_replica,
             "redis-oom": lambda _rng, hold: out_of_memory(self._by_role("master"), hold),
-            "redis-reshard": self.reshard,
+            "redis-reshard": self.reshard, "redis-split-brain": self.split_brain,
         }
 
-    def _brokers(self) -> list[KafkaBroker]:
+    def brokers(self) -> list[KafkaBroker]:
         return [node for node in self.kafka.nodes if isinstance(node, KafkaBroker)]
 
     def _by_role(self, role: str) -> list[RedisServer]:
@@ -147,7 +148,7 @@ class Cluster:
         partitions = admin.list_topics(self.topic, timeout=10).topics[self.topic].partitions
         partition = rng.choice(sorted(partitions))
         leader = partitions[partition].leader
-        node = self._brokers()[leader - 1]
+        node = self.brokers()[leader - 1]
         node.kill()
         time.sleep(hold_s)
         restart(node)
@@ -155,16 +156,16 @@ class Cluster:
 
     def restart_kafka(self, _rng: random.Random, hold_s: float) -> str:
         """SIGKILL all three nodes, then start them together."""
-        for node in self._brokers():
+        for node in self.brokers():
             node.kill()
         time.sleep(hold_s)
         self.kafka.start()
-        for node in self._brokers():
+        for node in self.brokers():
             node.detach()
         return "all three Kafka nodes SIGKILLed and restarted"
 
     def pause_broker(self, rng: random.Random, hold_s: float) -> str:
-        node = rng.choice(self._brokers())
+        node = rng.choice(self.brokers())
         pause(node, hold_s)
         return f"broker on {node.port} paused {hold_s:.0f} s"
 
@@ -189,6 +190,22 @@ class Cluster:
         node = rng.choice(self._by_role("slave"))
         pause(node, hold_s)
         return f"replica on {node.port} paused {hold_s:.0f} s"
+
+    def split_brain(self, rng: random.Random, hold_s: float) -> str:
+        """Cut a master from its replica and the other masters, clients still reaching it
+        (split_brain.py); once its replica took over, hold, then heal."""
+        master = rng.choice(self._by_role("master"))
+        replica = self._replica_of(master)
+        brain = SplitBrain(master.port)
+        try:
+            brain.cut()
+            took = wait_until(lambda: self._promoted(replica), 60, "the replica to take over")
+            time.sleep(hold_s)
+        finally:
+            brain.heal()
+        return (f"master on {master.port} cut from its replica and the other masters, clients "
+                f"still reaching it; its replica took over after {took:.1f} s, healed "
+                f"{hold_s:.0f} s later")
 
     def reshard(self, rng: random.Random, hold_s: float) -> str:
         """A fourth master joins, the run's slots move slowly through it and between the

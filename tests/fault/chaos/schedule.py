@@ -11,6 +11,12 @@ it, since two overlapping node deaths would take a three-node quorum down.
 producers still send. ``spark-speculation`` (single node) runs the Spark scope through the
 whole window on a speculating standalone cluster and SIGKILLs an executor mid-task
 (spark_speculation.py); it needs a full-mode window (minutes of Spark on two cores).
+
+Network and clock faults (partition.py, clock.py) come from a stream of their own,
+``f"{seed}/{topology}/net"``, one per 40 s of window (CI's 40 s window: one; a full 120 s one:
+three), taken in turn from one order per topology (ten full-mode seeds draw each kind three
+times or more), and join the others in time order: the faults the other stream draws stay
+what they were for every seed. ``net`` names them instead (a replay of one case).
 """
 
 from __future__ import annotations
@@ -28,6 +34,11 @@ SERVICE_FAULTS = {
                 "redis-master-pause-failover", "redis-pause", "redis-oom", "redis-reshard"),
 }
 SECONDS_PER_FAULT = 14.0  # a 120 s window gets 8 or 9 faults, a 40 s one 3
+NET_FAULTS = ("consumer-cut-redis", "consumer-cut-kafka", "producer-cut-redis",
+              "producer-cut-kafka", "slow-link-redis", "slow-link-kafka")
+CLOCK_FAULTS = ("producer-clock-skew", "consumer-clock-skew")
+SPLIT_BRAIN = {"single": (), "cluster": ("redis-split-brain",)}  # split_brain.py
+SECONDS_PER_NET_FAULT = 40.0
 FULL_WINDOW_S = 120.0
 MIN_WINDOW_S = {"spark-speculation": FULL_WINDOW_S}  # drawn only in windows this long
 EARLY = {"redis-reshard": 0.5}  # strikes within this fraction of the window
@@ -45,8 +56,27 @@ class Fault:
         return f"{self.kind}@{self.at_s:.0f}s"
 
 
-def schedule(seed: int, topology: str, window_s: float) -> list[Fault]:
-    """The faults of ``seed`` on ``topology`` within ``window_s`` seconds, in time order."""
+def schedule(seed: int, topology: str, window_s: float, net: tuple[str, ...] = ()
+             ) -> list[Fault]:
+    """The faults of ``seed`` on ``topology`` within ``window_s`` seconds, in time order
+    (``net``: these network faults instead of the ones the seed draws)."""
+    return sorted([*_process_faults(seed, topology, window_s),
+                   *_net_faults(seed, topology, window_s, net)], key=lambda f: f.at_s)
+
+
+def _net_faults(seed: int, topology: str, window_s: float, net: tuple[str, ...]) -> list[Fault]:
+    """Seed ``s`` takes the next ``n`` kinds of one fixed order of the topology, from place
+    ``(s - 1) * n`` on, so consecutive seeds go round the list evenly."""
+    order = [*NET_FAULTS, *CLOCK_FAULTS, *SPLIT_BRAIN[topology]]
+    random.Random(f"{topology}/net").shuffle(order)
+    n = max(1, round(window_s / SECONDS_PER_NET_FAULT))
+    kinds = list(net) or [order[((seed - 1) * n + i) % len(order)] for i in range(n)]
+    rng = random.Random(f"{seed}/{topology}/net")
+    return [Fault(round(rng.uniform(2.0, window_s - 4.0), 1), kind,
+                  round(rng.uniform(*_HOLD_S[kind]), 1)) for kind in kinds]
+
+
+def _process_faults(seed: int, topology: str, window_s: float) -> list[Fault]:
     rng = random.Random(f"{seed}/{topology}")
     count = max(2, round(window_s / SECONDS_PER_FAULT))
     services = [k for k in SERVICE_FAULTS[topology] if MIN_WINDOW_S.get(k, 0.0) <= window_s]
@@ -88,4 +118,15 @@ _HOLD_S: dict[str, tuple[float, float]] = {
     "redis-oom": (4.0, 8.0),
     "redis-reshard": (3.0, 8.0),  # the fourth master's time between joining and leaving
     "spark-speculation": (0.0, 1.5),  # from the straggler's first sleep to the executor kill
+    # Cut past the consumer lease (3 s), the Redis socket timeout (5 s), librdkafka's message
+    # timeout (6 s), and some past the group session (10 s).
+    "consumer-cut-redis": (2.0, 12.0),
+    "consumer-cut-kafka": (4.0, 14.0),
+    "producer-cut-redis": (2.0, 10.0),
+    "producer-cut-kafka": (4.0, 10.0),
+    "slow-link-redis": (4.0, 10.0),
+    "slow-link-kafka": (4.0, 10.0),
+    "producer-clock-skew": (6.0, 15.0),  # the skewed worker's time between two SIGKILLs
+    "consumer-clock-skew": (6.0, 15.0),
+    "redis-split-brain": (2.0, 8.0),  # after the replica took over, before healing
 }

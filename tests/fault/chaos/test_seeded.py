@@ -11,11 +11,13 @@ CI (``make test``): seeds 1 and 2 on each topology with a 40 s fault window. Ful
 
 ``EOGUARD_CHAOS_SEEDS`` is a count (seeds 1..N) or a comma list; ``EOGUARD_CHAOS_SEED`` runs
 one seed alone; ``EOGUARD_CHAOS_WINDOW_S`` sets the window (full mode: 120 s);
-``EOGUARD_CHAOS_SPARK`` (seeds, or ``all``) adds the Spark job to single-node runs after the
-drain (its driver SIGKILLed once). A full-mode single-node seed that draws
-``spark-speculation`` runs the Spark job through the window instead, speculating, beside a
-consumer of its scope (spark_speculation.py); a cluster seed may draw ``redis-reshard``
-(reshard.py), and CI's cluster seed 1 does.
+``EOGUARD_CHAOS_NET`` (kinds, comma-separated) strikes these network, clock or split-brain
+faults instead of the ones the seed draws (partition.py, clock.py, split_brain.py: one case,
+replayed); ``EOGUARD_CHAOS_SPARK`` (seeds, or ``all``) adds the Spark job to single-node runs
+after the drain (its driver SIGKILLed once).
+A full-mode single-node seed that draws ``spark-speculation`` runs the Spark job through the
+window instead, speculating, beside a consumer of its scope (spark_speculation.py); a
+cluster seed may draw ``redis-reshard`` (reshard.py), and CI's cluster seed 1 does.
 """
 
 from __future__ import annotations
@@ -42,9 +44,12 @@ from eoguard.stack.redis_server import RedisServer
 from eoguard.store.client import connect
 from eoguard.store.keys import KeySpace
 from tests.fault.chaos import checker
+from tests.fault.chaos.clock import draw_skew_s
 from tests.fault.chaos.faults import Cluster, FaultFn, SingleNode
+from tests.fault.chaos.netcut import NetCuts, clean_leftovers
+from tests.fault.chaos.partition import Partitions
 from tests.fault.chaos.reshard import run_slots
-from tests.fault.chaos.schedule import FULL_WINDOW_S, schedule
+from tests.fault.chaos.schedule import FULL_WINDOW_S, NET_FAULTS, schedule
 from tests.fault.chaos.spark_scope import SparkScope
 from tests.fault.chaos.spark_speculation import SCOPE as SPARK_SCOPE
 from tests.fault.chaos.spark_speculation import SpeculatingSpark
@@ -87,8 +92,13 @@ def _with_spark(seed: int, topology: str) -> bool:
     return topology == "single" and (wanted == "all" or str(seed) in wanted.split(","))
 
 
+def _net() -> tuple[str, ...]:
+    return tuple(k for k in os.environ.get("EOGUARD_CHAOS_NET", "").split(",") if k)
+
+
 def _replay(seed: int, topology: str, window_s: float) -> str:
-    return (f"EOGUARD_CHAOS_SEED={seed} EOGUARD_CHAOS_WINDOW_S={window_s:g} make test "
+    net = f"EOGUARD_CHAOS_NET={','.join(_net())} " if _net() else ""
+    return (f"{net}EOGUARD_CHAOS_SEED={seed} EOGUARD_CHAOS_WINDOW_S={window_s:g} make test "
             f"PYTEST_ARGS={shlex.quote(f'-m chaos -k {topology}')}")
 
 
@@ -97,13 +107,14 @@ def _replay(seed: int, topology: str, window_s: float) -> str:
 def test_seeded_schedule_keeps_section_10(seed: int, topology: str, request: pytest.FixtureRequest,
                                           tmp_path: Path) -> None:
     window_s = _window_s()
-    plan = schedule(seed, topology, window_s)
+    plan = schedule(seed, topology, window_s, _net())
     started = time.monotonic()
     if topology == "single":
         kafka: KafkaBroker = request.getfixturevalue("private_kafka")
         redis_server: RedisServer = request.getfixturevalue("private_redis")
         run = Run(kafka.address, redis_server.address, "local", tmp_path)
         services: SingleNode | Cluster = SingleNode(kafka, redis_server)
+        ports = {"redis_ports": [redis_server.port], "kafka_ports": [kafka.port]}
     else:
         ends = request.getfixturevalue("cluster_stack")
         stack = LocalStack(topology="cluster")
@@ -117,12 +128,17 @@ def test_seeded_schedule_keeps_section_10(seed: int, topology: str, request: pyt
                            run_slots(KeySpace(prefix=run.prefix), SCOPES),
                            reshard_weight=1.0 if window_s >= FULL_WINDOW_S else CI_RESHARD_WEIGHT)
         services.healthy()
+        ports = {"redis_ports": [n.port for n in [*stack.redis.servers, *stack.redis.added_nodes()]],
+                 "kafka_ports": [n.port for n in services.brokers()]}
     keys = KeySpace(prefix=run.prefix)
     # The producers send through a full-mode resharding (a minute and more on two cores), so the
     # faults it delays still find them sending.
     send_s = window_s + sum(EXTRA_SEND_S.get(f.kind, 0.0) for f in plan
                             if window_s >= FULL_WINDOW_S)
-    work = Workload(run, send_s)
+    cuts = _net_cuts(request, run) if any(f.kind in NET_FAULTS for f in plan) else None
+    work = Workload(run, send_s, cuts)
+    if cuts is not None:
+        services.faults.update(Partitions(work, cuts, **ports).faults)
     speculating: SpeculatingSpark | None = None
     if any(f.kind == "spark-speculation" for f in plan):
         speculating = SpeculatingSpark(run, random.Random(f"{seed}/spark-speculation"))
@@ -151,7 +167,8 @@ def test_seeded_schedule_keeps_section_10(seed: int, topology: str, request: pyt
         drained_ms = now_ms()
         client = connect(run.redis_url)
         dead = observe.dead_letters(run.kafka, run.dead_letter_topic, run.topic)
-        counts = checker.count(client, keys, work.ledgers(), work.injected, dead, drained_ms)
+        counts = checker.count(client, keys, work.ledgers(), work.injected, dead, drained_ms,
+                               work.skews)
         ledgers = work.ledgers()
         if speculating is not None:
             print(f"  spark: {speculating.finish()}", flush=True)
@@ -201,6 +218,16 @@ def test_seeded_schedule_keeps_section_10(seed: int, topology: str, request: pyt
                             + f"\nreplay: {_replay(seed, topology, window_s)}")
 
 
+def _net_cuts(request: pytest.FixtureRequest, run: Run) -> NetCuts:
+    """The run's cgroups and nftables table, removed when the test ends however it ends
+    (and those a crashed test process left, first)."""
+    for name in clean_leftovers():
+        print(f"  removed a crashed run's {name}", flush=True)
+    cuts = NetCuts(run.run_id)
+    request.addfinalizer(cuts.close)
+    return cuts
+
+
 def _strike(kind: str, hold_s: float, seed: int, work: Workload, services: SingleNode | Cluster
             ) -> str:
     rng = random.Random(f"{seed}/{kind}/{hold_s}")
@@ -214,6 +241,10 @@ def _strike(kind: str, hold_s: float, seed: int, work: Workload, services: Singl
         return work.kill_in_rebalance(rng, hold_s)
     if kind == "consumer-zombie":
         return work.pause_consumer(rng, hold_s)
+    if kind == "producer-clock-skew":
+        return work.skew_producer(rng, hold_s, draw_skew_s(rng))
+    if kind == "consumer-clock-skew":
+        return work.skew_consumer(rng, hold_s, draw_skew_s(rng))
     return services.faults[kind](rng, hold_s)
 
 

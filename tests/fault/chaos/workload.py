@@ -21,7 +21,10 @@ from pathlib import Path
 from eoguard.demo import observe
 from eoguard.demo.inject import Injected, inject
 from eoguard.demo.procs import Worker, spawn
+from eoguard.envelope import now_ms
 from eoguard.stack import create_topics
+from tests.fault.chaos.clock import Skew, faketime_env
+from tests.fault.chaos.netcut import NetCuts
 
 SCOPES = ("orders", "billing")
 MODES = ("persist-first", "persist-first", "delayed")  # one producer per entry
@@ -35,6 +38,7 @@ GRACE_S = 3.0
 CONSUMER_LEASE_S = 3.0
 PRODUCER_LEASE_S = 1.0
 EXPIRED = 20
+MODULE = "eoguard.demo.worker"
 
 
 @dataclass
@@ -74,14 +78,16 @@ class Slot:
 class Workload:
     """Starts the workers, kills and replaces them on demand, and reads what they did."""
 
-    def __init__(self, run: Run, window_s: float) -> None:
+    def __init__(self, run: Run, window_s: float, cuts: NetCuts | None = None) -> None:
         self.run = run
+        self.cuts = cuts  # with it, each worker runs in a cgroup of its own (netcut.py)
         self.count = int(RATE * window_s)
         self.workers: list[Worker] = []
         self.slots: list[Slot] = []
         self.members: dict[str, list[Worker]] = {scope: [] for scope in SCOPES}
         self.injected = Injected()
         self.crashed: list[str] = []  # workers that exited on their own with an error
+        self.skews: list[Skew] = []  # workers that ran with a skewed clock (clock.py)
         self._created = False
 
     # --- start ---------------------------------------------------------------------------
@@ -113,13 +119,14 @@ class Workload:
     def _ledger(self, name: str) -> Path:
         return self.run.folder / f"{name}.ledger"
 
-    def _spawn(self, name: str, argv: list[str]) -> Worker:
-        worker = spawn(name, ["-m", "eoguard.demo.worker", *argv],
-                       log=self.run.folder / f"{name}.log")
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None) -> Worker:
+        module = ["-m", MODULE] if self.cuts is None else self.cuts.argv(name, MODULE)
+        worker = spawn(name, [*module, *argv], log=self.run.folder / f"{name}.log", env=env)
         self.workers.append(worker)
         return worker
 
-    def _producer(self, mode: str, first: int, count: int) -> Worker:
+    def _producer(self, mode: str, first: int, count: int, env: dict[str, str] | None = None
+                  ) -> Worker:
         name = f"p{len(self.workers)}"
         return self._spawn(name, [
             "producer", *self._common(name), "--name", name, "--ledger", str(self._ledger(name)),
@@ -127,14 +134,15 @@ class Workload:
             "--ttl-s", str(LONG_TTL_S), "--short-every", str(SHORT_EVERY),
             "--short-ttl-s", str(SHORT_TTL_S), "--duplicate-every", "40",
             "--lease-s", str(PRODUCER_LEASE_S), "--recover-after-s", "3.0",
-            "--message-timeout-ms", str(MESSAGE_TIMEOUT_MS), "--resend-after-s", str(RESEND_AFTER_S)])
+            "--message-timeout-ms", str(MESSAGE_TIMEOUT_MS), "--resend-after-s", str(RESEND_AFTER_S)],
+            env)
 
-    def _consumer(self, scope: str, instance: str) -> Worker:
+    def _consumer(self, scope: str, instance: str, env: dict[str, str] | None = None) -> Worker:
         name = f"c{len(self.workers)}-{instance}"
         return self._spawn(name, [
             "consumer", *self._common(name), "--scope", scope, "--group", f"{self.run.topic}-{scope}",
             "--instance", instance, "--dead-letter-topic", self.run.dead_letter_topic,
-            "--grace-s", str(GRACE_S), "--lease-s", str(CONSUMER_LEASE_S)])
+            "--grace-s", str(GRACE_S), "--lease-s", str(CONSUMER_LEASE_S)], env)
 
     # --- faults of the workers -----------------------------------------------------------
     def kill_producer(self, rng: random.Random, hold_s: float, *, after_guarantee: bool) -> str:
@@ -157,11 +165,11 @@ class Workload:
         self._replace(slot)
         return f"{slot.mode} producer killed with {in_flight} sends not yet guaranteed"
 
-    def _replace(self, slot: Slot) -> None:
+    def _replace(self, slot: Slot, env: dict[str, str] | None = None) -> None:
         """A new producer sends the orders of ``slot`` its predecessors did not reach."""
         next_seq = max((lv.poll().max_seq for lv in slot.ledgers), default=-1) + 1
         start = max(next_seq, slot.first)
-        slot.worker = self._producer(slot.mode, start, slot.first + slot.count - start)
+        slot.worker = self._producer(slot.mode, start, slot.first + slot.count - start, env)
         slot.ledgers.append(observe.LedgerView(self._ledger(slot.worker.name)))
 
     def kill_consumer(self, rng: random.Random, hold_s: float) -> str:
@@ -213,8 +221,40 @@ class Workload:
             return f"{scope} member {worker.name} paused {time.monotonic() - started:.0f} s"
         return resume
 
-    def _restart(self, scope: str, index: int) -> None:
-        self.members[scope][index] = self._consumer(scope, f"{scope}-{index}")
+    def _restart(self, scope: str, index: int, env: dict[str, str] | None = None) -> None:
+        self.members[scope][index] = self._consumer(scope, f"{scope}-{index}", env)
+
+    def skew_producer(self, rng: random.Random, hold_s: float, skew_s: int) -> str:
+        """SIGKILL a live producer, run its replacement ``skew_s`` off for ``hold_s``, SIGKILL
+        it and start one in step (clock.py)."""
+        live = [s for s in self.slots if s.worker.alive()]
+        if not live:
+            return "no producer alive"
+        slot = rng.choice(live)
+        slot.worker.kill()
+        self._replace(slot, faketime_env(skew_s, self.run.folder))
+        skew = Skew(slot.worker.name, "producer", None, skew_s * 1000, now_ms())
+        time.sleep(hold_s)
+        slot.worker.kill()
+        skew.to_ms, skew.ids = now_ms(), slot.ledgers[-1].poll().sent_ids
+        self.skews.append(skew)
+        self._replace(slot)
+        return f"{slot.mode} producer {skew.worker} ran {skew_s:+d} s off for {hold_s:.0f} s"
+
+    def skew_consumer(self, rng: random.Random, hold_s: float, skew_s: int) -> str:
+        """SIGKILL a consumer, run its replacement ``skew_s`` off for ``hold_s``, SIGKILL it
+        and start one in step (clock.py)."""
+        scope = rng.choice(SCOPES)
+        index = rng.randrange(len(self.members[scope]))
+        self.members[scope][index].kill()
+        self._restart(scope, index, faketime_env(skew_s, self.run.folder))
+        skew = Skew(self.members[scope][index].name, "consumer", scope, skew_s * 1000, now_ms())
+        time.sleep(hold_s)
+        self.members[scope][index].kill()
+        skew.to_ms = now_ms()
+        self.skews.append(skew)
+        self._restart(scope, index)
+        return f"{scope} member {skew.worker} ran {skew_s:+d} s off for {hold_s:.0f} s"
 
     # --- reading -------------------------------------------------------------------------
     def producers_done(self) -> bool:
