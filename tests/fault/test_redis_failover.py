@@ -43,11 +43,14 @@ BATCH = 50
 
 
 class Writer(threading.Thread):
-    """Writes outbox batches until stopped; keeps the ids of every acknowledged batch."""
+    """Writes outbox batches until stopped; keeps the ids of every acknowledged batch and when
+    each batch was acknowledged (``acked_at[i]``, monotonic: batch ``i`` is
+    ``acked[i * BATCH:(i + 1) * BATCH]``)."""
 
     def __init__(self, outbox: Outbox) -> None:
         super().__init__(daemon=True)
         self.outbox, self.acked, self.failed = outbox, [], 0
+        self.acked_at: list[float] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -61,6 +64,7 @@ class Writer(threading.Thread):
                 time.sleep(0.05)
                 continue
             self.acked.extend(r.id for r in recs)
+            self.acked_at.append(time.monotonic())
 
 
 @pytest.mark.parametrize("durability", ["replicated", "local"])
