@@ -35,7 +35,7 @@ from eoguard.store.outbox import Outbox
 from eoguard.store.scripts import Scripts
 from tests.consumer_kit import consumer_config
 from tests.fault.consumer_fault_kit import effect_counts
-from tests.integration.test_outbox_store import record
+from tests.integration.test_outbox_store import HOUR_MS, record
 
 pytestmark = [pytest.mark.fault, pytest.mark.cluster(only=True)]
 
@@ -47,15 +47,15 @@ class Writer(threading.Thread):
     each batch was acknowledged (``acked_at[i]``, monotonic: batch ``i`` is
     ``acked[i * BATCH:(i + 1) * BATCH]``)."""
 
-    def __init__(self, outbox: Outbox) -> None:
+    def __init__(self, outbox: Outbox, ttl_ms: int = HOUR_MS) -> None:
         super().__init__(daemon=True)
-        self.outbox, self.acked, self.failed = outbox, [], 0
+        self.outbox, self.acked, self.failed, self.ttl_ms = outbox, [], 0, ttl_ms
         self.acked_at: list[float] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.is_set():
-            recs = [record(key=b"k%d" % i) for i in range(BATCH)]
+            recs = [record(key=b"k%d" % i, ttl_ms=self.ttl_ms) for i in range(BATCH)]
             try:
                 self.outbox.put(recs, owner="p1", keep_until=KeepUntil.CONSUMED,
                                 resend_after_ms=600_000)

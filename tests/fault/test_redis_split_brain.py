@@ -32,6 +32,10 @@ NODE_TIMEOUT_S = 2.0  # the local cluster's cluster-node-timeout
 BEFORE_S = 1.0  # acknowledged this long before the cut, maybe not yet on the replica
 AFTER_S = 2 * NODE_TIMEOUT_S + 1.0  # the cut master notices it lost the majority by then
 HOLD_S = 3.0  # cut this long after the replica took over
+# Past the test's end, and short: an outbox record's slot is its shard's for every key prefix,
+# so the ~60,000 records written here would otherwise slow the chaos resharding of the
+# cluster for an hour (thousands of keys to move per slot, a few at a time).
+TTL_MS = 120_000
 
 
 @pytest.mark.parametrize("durability", ["replicated", "local"])
@@ -42,7 +46,8 @@ def test_a_master_cut_off_loses_nothing_acknowledged_beyond_the_bound(
     client = config.connect()
     assert isinstance(client, RedisCluster)
     keys = KeySpace(prefix=key_prefix, shards=16)
-    writer = Writer(Outbox(client, keys, scripts=Scripts(client, wait=config.replica_wait())))
+    writer = Writer(Outbox(client, keys, scripts=Scripts(client, wait=config.replica_wait())),
+                    ttl_ms=TTL_MS)
     victim = _master_of(client, keys.outbox_index(0))
     _wait(victim.cluster_ready, 60, "every master with a replica in sync")
     brain = SplitBrain(victim.port)
