@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from eoguard.errors import StackError
 from eoguard.stack import LocalStack, resolve
+from eoguard.stack.debian import FAULT_TOOLS, ensure_package
 from eoguard.stack.local import TOPOLOGIES
 from eoguard.stack.redis_server import ensure_redis_server
 from eoguard.stack.schema_registry import distribution, registry_java
@@ -35,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
             for kind in ("kafka", "spark"):
                 print(f"{kind}: {len(resolve(kind))} jars")
             print(f"schema registry: {distribution()} on {registry_java()}")
+            if os.geteuid() == 0:  # the fault tests' tools; without root those tests skip
+                for package, provides in FAULT_TOOLS:
+                    print(f"{package}: {ensure_package(package, provides)}")
     except StackError as exc:
         print(f"eoguard stack: {exc}", file=sys.stderr)
         return 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sysconfig
 from pathlib import Path
 
 from eoguard.errors import StackError
@@ -27,6 +28,16 @@ def ensure_package(package: str, provides: str) -> str:
     if not found:
         raise StackError(f"apt-get installed {package} but {provides} is still missing")
     return found
+
+
+def libfaketime_path() -> str:
+    """Where Debian's libfaketime puts the library a skewed process preloads."""
+    arch = sysconfig.get_config_var("MULTIARCH") or "x86_64-linux-gnu"
+    return f"/usr/lib/{arch}/faketime/libfaketime.so.1"
+
+
+FAULT_TOOLS = (("nftables", "nft"), ("libfaketime", libfaketime_path()), ("gcc", "gcc"))
+"""What the fault tests cut links and skew clocks with (tests/fault/chaos): package, path."""
 
 
 def _find(provides: str) -> str | None:

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import random
 import subprocess
-import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eoguard.stack.debian import ensure_package
+from eoguard.stack.debian import ensure_package, libfaketime_path
 
 SKEW_S = (60, 150)  # how far off, either way
 _FIX = Path(__file__).with_name("faketime_fix.c")
@@ -35,8 +34,7 @@ def draw_skew_s(rng: random.Random) -> int:
 
 def faketime_env(skew_s: int, folder: Path) -> dict[str, str]:
     """The environment that runs a process with its wall clock ``skew_s`` seconds off."""
-    arch = sysconfig.get_config_var("MULTIARCH") or "x86_64-linux-gnu"
-    faketime = ensure_package("libfaketime", f"/usr/lib/{arch}/faketime/libfaketime.so.1")
+    faketime = ensure_package("libfaketime", libfaketime_path())
     fix = folder / "faketime_fix.so"
     if not fix.exists():
         subprocess.run([ensure_package("gcc", "gcc"), "-shared", "-fPIC", "-O2", "-o", str(fix),
