@@ -273,12 +273,15 @@ class BatchProcessor:
         refused = awaitable_refused(errors, "batch_handler")  # an awaitable is truthy
         if refused is not None:  # it ran nothing: the whole batch failed
             errors = {item.envelope.id: refused for item in items}
+        for item in items:
+            item.error = errors.get(item.envelope.id)
         # A Deferred message waits behind a failed one of its key: not an attempt of its own,
-        # unless nothing failed (then nothing bounds the deferrals, and it counts).
-        failing = any(not isinstance(error, Deferred) for error in errors.values())
+        # unless no message of the call failed (then nothing bounds the deferrals, and it
+        # counts); an error under an id that is no message of the call fails nothing.
+        failing = any(item.error is not None and not isinstance(item.error, Deferred)
+                      for item in items)
         outputs: list[OutputRecord] = []
         for item, ctx in zip(items, contexts, strict=True):
-            item.error = errors.get(item.envelope.id)
             if item.error is None:
                 item.effects = ctx.effects
                 outputs += ctx.outputs
@@ -358,8 +361,10 @@ class BatchProcessor:
                 retry.append(item)
                 self.stats.retries += 1
         if retry:
-            # Grows with store refusals too; a Deferred message may have no attempt yet.
-            first = max(1, min(item.attempts for item in retry))
+            # Grows with store refusals too. A Deferred message's attempts do not grow while
+            # it waits: the backoff follows the messages that failed (it starts at one).
+            tried = [item.attempts for item in retry if not isinstance(item.error, Deferred)]
+            first = max(1, min(tried or [item.attempts for item in retry]))
             waits.append(min(cfg.retry_backoff_s * 2 ** (first - 1), cfg.retry_backoff_max_s))
         busy, batch.busy = batch.busy, []
         lease_left_ms, batch.lease_left_ms = batch.lease_left_ms, []
