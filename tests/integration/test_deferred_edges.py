@@ -221,3 +221,33 @@ def test_keep_key_order_holds_when_redis_refuses_a_done_mark(
     run(main())
     assert set(counts(redis_client, key_prefix, envs).values()) == {1}
     assert applied == [0, 1, 2]  # seen: [1, 2, 0]
+
+
+def test_a_key_mate_expiring_during_its_retries_releases_the_deferred(
+        amake, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
+    """K: A fails until it has expired; B, deferred behind it, is handled on its first
+    attempt once A is dropped as expired (never dead-lettered for A's failures)."""
+    topic, group = new_topic(1), f"g-{uuid.uuid4().hex[:8]}"
+    a, b = envelope(b"0", ttl_ms=1500), envelope(b"1")
+    produce(kafka_bootstrap, topic, [a, b], key=b"K", partition=0)
+    done: list[tuple[int, int]] = []
+
+    async def handle(ctx: HandlerContext) -> None:
+        if ctx.message_id == a.id:
+            raise RuntimeError("A fails while it lives")
+        ctx.tx.incr(ctx.key_for(f"count:{ctx.message_id}"))
+        done.append((int(ctx.payload), ctx.attempt))
+
+    async def main() -> ConsumerStats:
+        async with amake(topic, handle, group=group, concurrency=4, keep_key_order=True,
+                         max_retries=100_000, retry_backoff_s=0.01,
+                         retry_backoff_max_s=0.02) as consumer:
+            await run_until(consumer, lambda: consumer.stats().handled >= 1)
+            return consumer.stats()
+
+    stats = run(main())
+    print(f"done {done}; {stats}")
+    assert done == [(1, 1)]
+    assert (stats.expired, stats.dead_lettered, stats.handled) == (1, 0, 1)
+    assert counts(redis_client, key_prefix, [b]) == {b.id: 1}
+    assert committed_total(kafka_bootstrap, group, topic, 1)[0] == 2
