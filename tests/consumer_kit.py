@@ -19,8 +19,12 @@ from eoguard.store.keys import KeySpace
 CODEC = EnvelopeCodec()
 
 
+DEFAULT_SCOPE = "app"
+"""The scope of consumer_config's consumers unless a test names one."""
+
+
 def consumer_config(bootstrap: str, redis_url: str, topics: Sequence[str], *, prefix: str,
-                    scope: str = "app", group: str | None = None, shards: int | None = None,
+                    scope: str = DEFAULT_SCOPE, group: str | None = None, shards: int | None = None,
                     kafka: dict[str, Any] | None = None, **overrides: Any) -> ConsumerConfig:
     conf = {"bootstrap.servers": bootstrap, "group.id": group or f"g-{uuid.uuid4().hex[:8]}",
             "session.timeout.ms": 6000, "heartbeat.interval.ms": 500,

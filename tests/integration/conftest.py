@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import redis
 
+from eoguard.consumer.aio import AsyncGuardedConsumer
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext
 from eoguard.stack.redis_server import RedisServer
@@ -65,3 +66,23 @@ def own_redis(private_redis: RedisServer) -> Iterator[redis.Redis]:
         client.script_load(lua_script(name).source)
     yield client
     client.close()
+
+
+@pytest.fixture
+def async_consumer(kafka_bootstrap: str, redis_url: str, key_prefix: str, new_topic
+                   ) -> Callable[..., AsyncGuardedConsumer]:
+    """Builds AsyncGuardedConsumers of a topic (scope DEFAULT_SCOPE, a dead-letter topic of
+    the test's): ``make(topic, handler, group=..., concurrency=..., **config)``."""
+    # Created here, not in make(): make() runs on the loop, where creating a topic (a
+    # blocking admin call) would hold it over the debug loop's 100 ms.
+    dead_letters = new_topic(1, prefix="dlq")
+
+    def make(topic: str, handler: Any = None, *, group: str | None = None,
+             **kw: Any) -> AsyncGuardedConsumer:
+        lanes = {k: kw.pop(k) for k in ("concurrency", "keep_key_order", "handler_timeout_s")
+                 if k in kw}
+        kw.setdefault("dead_letter_topic", dead_letters)
+        config = consumer_config(kafka_bootstrap, redis_url, [topic], prefix=key_prefix,
+                                 group=group, **kw)
+        return AsyncGuardedConsumer(config, handler=handler, **lanes)
+    return make

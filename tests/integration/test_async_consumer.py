@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import pytest
 import redis
@@ -21,30 +20,12 @@ from eoguard.store.dedup import DedupStore
 from eoguard.store.dedup_types import IdState
 from eoguard.store.keys import KeySpace
 from tests.async_kit import run
-from tests.consumer_kit import consumer_config, read_all
+from tests.consumer_kit import DEFAULT_SCOPE, read_all
 from tests.integration.test_async_producer import until
 
 pytestmark = pytest.mark.integration
 
-SCOPE = "app"
-
-
-@pytest.fixture
-def build(kafka_bootstrap: str, redis_url: str, key_prefix: str, new_topic
-          ) -> Callable[..., AsyncGuardedConsumer]:
-    # Created here, not in make(): make() runs on the loop, where creating a topic (a
-    # blocking admin call) would hold it over the debug loop's 100 ms.
-    dead_letters = new_topic(1, prefix="dlq")
-
-    def make(topic: str, handler: Any = None, *, group: str | None = None,
-             **kw: Any) -> AsyncGuardedConsumer:
-        lanes = {k: kw.pop(k) for k in ("concurrency", "keep_key_order", "handler_timeout_s")
-                 if k in kw}
-        kw.setdefault("dead_letter_topic", dead_letters)
-        config = consumer_config(kafka_bootstrap, redis_url, [topic], prefix=key_prefix,
-                                 scope=SCOPE, group=group, **kw)
-        return AsyncGuardedConsumer(config, handler=handler, **lanes)
-    return make
+SCOPE = DEFAULT_SCOPE  # the async_consumer fixture's (tests/integration/conftest.py)
 
 
 def counts(client: redis.Redis, key_prefix: str, envs: Sequence[Envelope]) -> dict[str, int]:
@@ -74,7 +55,7 @@ async def run_until(consumer: AsyncGuardedConsumer, done: Callable[[], bool]) ->
 
 
 def test_async_handlers_apply_effects_and_outputs_once_on_the_loop(
-        build, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
+        async_consumer, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
     topic, out = new_topic(2), new_topic(1, prefix="out")
     envs = [envelope(b"m%d" % i) for i in range(200)]
     produce(kafka_bootstrap, topic, envs)
@@ -87,7 +68,7 @@ def test_async_handlers_apply_effects_and_outputs_once_on_the_loop(
         ctx.output(out, ctx.payload, key=ctx.message_id)
 
     async def main() -> int:
-        async with build(topic, handle, concurrency=16) as consumer:
+        async with async_consumer(topic, handle, concurrency=16) as consumer:
             await run_until(consumer, lambda: consumer.stats().handled >= len(envs))
             assert consumer.stats().handled == len(envs)
         return threading.get_ident()
@@ -101,7 +82,7 @@ def test_async_handlers_apply_effects_and_outputs_once_on_the_loop(
 
 @pytest.mark.parametrize("keep_key_order", [True, False])
 def test_concurrent_handlers_keep_each_keys_order_when_asked(
-        build, new_topic, kafka_bootstrap, keep_key_order) -> None:
+        async_consumer, new_topic, kafka_bootstrap, keep_key_order) -> None:
     # Six keys interleaved on one partition, 20 messages each; a key's later message sleeps
     # less than its earlier one, so two of one key running at once end out of order. With
     # keep_key_order a key's handlers run one after another, in offset order; without it
@@ -124,7 +105,7 @@ def test_concurrent_handlers_keep_each_keys_order_when_asked(
         events.append((ctx.key, "end", seq))
 
     async def main() -> None:
-        async with build(topic, handle, concurrency=8, keep_key_order=keep_key_order,
+        async with async_consumer(topic, handle, concurrency=8, keep_key_order=keep_key_order,
                          batch_size=500) as consumer:
             await run_until(consumer, lambda: consumer.stats().handled >= len(envs))
 
@@ -140,7 +121,7 @@ def test_concurrent_handlers_keep_each_keys_order_when_asked(
 
 
 def test_a_handler_past_its_timeout_is_cancelled_and_its_message_retried(
-        build, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
+        async_consumer, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
     topic = new_topic(1)
     envs = [envelope(b"m%d" % i) for i in range(5)]
     produce(kafka_bootstrap, topic, envs, partition=0)
@@ -159,7 +140,7 @@ def test_a_handler_past_its_timeout_is_cancelled_and_its_message_retried(
                 raise
 
     async def main() -> None:
-        async with build(topic, handle, concurrency=4, handler_timeout_s=0.3) as consumer:
+        async with async_consumer(topic, handle, concurrency=4, handler_timeout_s=0.3) as consumer:
             await run_until(consumer, lambda: consumer.stats().handled >= len(envs))
             assert consumer.stats().retries == 1
 
@@ -170,7 +151,7 @@ def test_a_handler_past_its_timeout_is_cancelled_and_its_message_retried(
 
 
 def test_cancelling_run_finishes_the_batch_in_flight_and_gives_back_the_rest(
-        build, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
+        async_consumer, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
     topic = new_topic(1)
     envs = [envelope(b"m%d" % i) for i in range(400)]
     produce(kafka_bootstrap, topic, envs, partition=0)
@@ -186,7 +167,7 @@ def test_cancelling_run_finishes_the_batch_in_flight_and_gives_back_the_rest(
         handled.append(ctx.message_id)
 
     async def main() -> None:
-        async with build(topic, handle, batch_size=50) as consumer:
+        async with async_consumer(topic, handle, batch_size=50) as consumer:
             task = asyncio.ensure_future(consumer.run())
             await asyncio.wait_for(entered.wait(), 30)
             task.cancel()
@@ -206,7 +187,7 @@ def test_cancelling_run_finishes_the_batch_in_flight_and_gives_back_the_rest(
 
 
 def test_cancelling_run_twice_cancels_the_handlers_and_gives_their_batch_back(
-        build, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
+        async_consumer, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
     topic = new_topic(1)
     envs = [envelope(b"m%d" % i) for i in range(100)]
     produce(kafka_bootstrap, topic, envs, partition=0)
@@ -220,7 +201,7 @@ def test_cancelling_run_twice_cancels_the_handlers_and_gives_their_batch_back(
             await asyncio.sleep(3600)
 
     async def first() -> None:
-        async with build(topic, hang_on_the_tenth, group=group, concurrency=4,
+        async with async_consumer(topic, hang_on_the_tenth, group=group, concurrency=4,
                          lease_s=60) as consumer:
             task = asyncio.ensure_future(consumer.run())
             await asyncio.wait_for(stuck.wait(), 30)
@@ -234,16 +215,16 @@ def test_cancelling_run_twice_cancels_the_handlers_and_gives_their_batch_back(
     assert counts(redis_client, key_prefix, envs)[envs[10].id] == 0
     assert IdState.IN_PROGRESS not in states(redis_client, key_prefix, envs)  # lease_s=60
 
-    read_on(build, topic, group, redis_client, key_prefix, envs)
+    read_on(async_consumer, topic, group, redis_client, key_prefix, envs)
 
 
-def read_on(build: Callable[..., AsyncGuardedConsumer], topic: str, group: str,
+def read_on(async_consumer: Callable[..., AsyncGuardedConsumer], topic: str, group: str,
             client: redis.Redis, key_prefix: str, envs: Sequence[Envelope]) -> None:
     """The group reads on with a new consumer: every message's effect is then there once."""
     missing = sum(1 for n in counts(client, key_prefix, envs).values() if n == 0)
 
     async def main() -> None:
-        async with build(topic, count_effect, group=group) as consumer:
+        async with async_consumer(topic, count_effect, group=group) as consumer:
             await run_until(consumer, lambda: consumer.stats().handled >= missing)
 
     run(main())
@@ -251,7 +232,7 @@ def read_on(build: Callable[..., AsyncGuardedConsumer], topic: str, group: str,
 
 
 def test_async_for_hands_messages_over_one_at_a_time_and_gives_back_the_one_in_hand(
-        build, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
+        async_consumer, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
     topic = new_topic(1)
     envs = [envelope(b"m%d" % i) for i in range(60)]
     produce(kafka_bootstrap, topic, envs, partition=0)
@@ -259,7 +240,7 @@ def test_async_for_hands_messages_over_one_at_a_time_and_gives_back_the_one_in_h
     got: list[str] = []
 
     async def first() -> None:
-        async with build(topic, group=group, batch_size=20) as consumer:
+        async with async_consumer(topic, group=group, batch_size=20) as consumer:
             async for ctx in consumer:
                 got.append(ctx.message_id)
                 ctx.tx.incr(ctx.key_for(f"count:{ctx.message_id}"))
@@ -275,4 +256,4 @@ def test_async_for_hands_messages_over_one_at_a_time_and_gives_back_the_one_in_h
     assert envs[29].id not in done  # in hand at the break: given back, unhandled
     assert set(effects.values()) <= {0, 1}
     assert IdState.IN_PROGRESS not in states(redis_client, key_prefix, envs)
-    read_on(build, topic, group, redis_client, key_prefix, envs)
+    read_on(async_consumer, topic, group, redis_client, key_prefix, envs)

@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Callable
 
 import pytest
 
-from eoguard.consumer.aio import AsyncGuardedConsumer
 from eoguard.consumer.handler import HandlerContext
 from eoguard.errors import StateError
 from eoguard.stack.feed import envelope, produce
 from tests.async_kit import run
 from tests.integration.test_async_consumer import (
-    build,  # noqa: F401 - the fixture, as make
     count_effect,
     counts,
     run_until,
@@ -26,21 +23,14 @@ from tests.integration.test_async_consumer import (
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def make(build: Callable[..., AsyncGuardedConsumer],  # noqa: F811 - the fixture imported
-         ) -> Callable[..., AsyncGuardedConsumer]:
-    """test_async_consumer's build fixture: a consumer of a topic, in a group."""
-    return build
-
-
-def test_run_on_another_loop_than_starts_raises(make, new_topic, kafka_bootstrap,
+def test_run_on_another_loop_than_starts_raises(async_consumer, new_topic, kafka_bootstrap,
                                                  redis_client, key_prefix) -> None:
     # Its batches would go to start()'s loop, closed or run by nobody: run() returned at
     # once, nothing handled, no error.
     topic = new_topic(1)
     envs = [envelope(b"m%d" % i) for i in range(5)]
     produce(kafka_bootstrap, topic, envs, partition=0)
-    consumer = make(topic, count_effect)
+    consumer = async_consumer(topic, count_effect)
     run(consumer.start())
 
     async def on_another_loop() -> None:
@@ -58,7 +48,7 @@ def test_run_on_another_loop_than_starts_raises(make, new_topic, kafka_bootstrap
 @pytest.mark.parametrize(("concurrency", "timeout_s"), [(1, None), (4, None), (1, 5.0),
                                                         (4, 5.0)])
 def test_a_handler_raising_cancelled_of_its_own_fails_its_attempt_only(
-        make, new_topic, kafka_bootstrap, redis_client, key_prefix, concurrency,
+        async_consumer, new_topic, kafka_bootstrap, redis_client, key_prefix, concurrency,
         timeout_s) -> None:
     # The handler awaits a future another component cancelled: its attempt fails and is
     # retried. Before: its batch was given back and run() returned, the consumer stopped
@@ -75,7 +65,7 @@ def test_a_handler_raising_cancelled_of_its_own_fails_its_attempt_only(
             await shared
 
     async def main() -> None:
-        async with make(topic, handle, concurrency=concurrency,
+        async with async_consumer(topic, handle, concurrency=concurrency,
                          handler_timeout_s=timeout_s) as consumer:
             await run_until(consumer, lambda: consumer.stats().handled >= len(envs))
             assert consumer.stats().retries == 1
@@ -84,7 +74,7 @@ def test_a_handler_raising_cancelled_of_its_own_fails_its_attempt_only(
     assert set(counts(redis_client, key_prefix, envs).values()) == {1}
 
 
-def test_async_for_times_a_message_from_when_the_body_takes_it(make, new_topic, kafka_bootstrap,
+def test_async_for_times_a_message_from_when_the_body_takes_it(async_consumer, new_topic, kafka_bootstrap,
                                                               redis_client, key_prefix) -> None:
     # The body overruns handler_timeout_s on m3 (its attempt fails, retried). Before, the
     # timeout of m4, waiting in the hand-over queue, ran meanwhile: m4's attempt failed too,
@@ -96,7 +86,7 @@ def test_async_for_times_a_message_from_when_the_body_takes_it(make, new_topic, 
     seen: list[tuple[int, int]] = []
 
     async def main() -> None:
-        async with make(topic, handler_timeout_s=0.2) as consumer:
+        async with async_consumer(topic, handler_timeout_s=0.2) as consumer:
             async for ctx in consumer:
                 seen.append((index[ctx.message_id], ctx.attempt))
                 ctx.tx.incr(ctx.key_for(f"count:{ctx.message_id}"))
@@ -111,7 +101,7 @@ def test_async_for_times_a_message_from_when_the_body_takes_it(make, new_topic, 
     assert [effects[e.id] for i, e in enumerate(envs) if i != 3] == [1] * 7
 
 
-def test_a_second_async_for_refused_leaves_the_first_one_going(make, new_topic,
+def test_a_second_async_for_refused_leaves_the_first_one_going(async_consumer, new_topic,
                                                                kafka_bootstrap) -> None:
     # Before, the refused second loop had taken the hand-over queue: the first one got
     # nothing more and waited forever (here: until wait_for's guard).
@@ -121,7 +111,7 @@ def test_a_second_async_for_refused_leaves_the_first_one_going(make, new_topic,
     got: list[str] = []
 
     async def main() -> None:
-        async with make(topic) as consumer:
+        async with async_consumer(topic) as consumer:
             async def first() -> None:
                 async for ctx in consumer:
                     got.append(ctx.message_id)
@@ -137,7 +127,7 @@ def test_a_second_async_for_refused_leaves_the_first_one_going(make, new_topic,
     assert got == [e.id for e in envs]
 
 
-def test_keep_key_order_holds_across_a_failed_attempt(make, new_topic,
+def test_keep_key_order_holds_across_a_failed_attempt(async_consumer, new_topic,
                                                       kafka_bootstrap) -> None:
     topic = new_topic(1)
     envs = [envelope(b"%d" % i) for i in range(6)]
@@ -151,7 +141,7 @@ def test_keep_key_order_holds_across_a_failed_attempt(make, new_topic,
         succeeded.append(seq)
 
     async def main() -> None:
-        async with make(topic, handle, concurrency=4, keep_key_order=True) as consumer:
+        async with async_consumer(topic, handle, concurrency=4, keep_key_order=True) as consumer:
             await run_until(consumer, lambda: consumer.stats().handled >= len(envs))
 
     run(main())
@@ -159,7 +149,7 @@ def test_keep_key_order_holds_across_a_failed_attempt(make, new_topic,
 
 
 def test_a_key_held_back_by_a_poison_message_goes_on_once_it_is_dead_lettered(
-        make, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
+        async_consumer, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
     """Message 1 of key K always fails: 2-4 wait behind it, deferred without an attempt
     counted, and are handled (each on its first attempt, effects once) after 1 is
     dead-lettered past max_retries; key L's messages are never held back."""
@@ -179,7 +169,7 @@ def test_a_key_held_back_by_a_poison_message_goes_on_once_it_is_dead_lettered(
         succeeded.append((seq, ctx.attempt))
 
     async def main() -> tuple[int, int]:
-        async with make(topic, handle, concurrency=4, keep_key_order=True, max_retries=2,
+        async with async_consumer(topic, handle, concurrency=4, keep_key_order=True, max_retries=2,
                         retry_backoff_s=0.01) as consumer:
             await run_until(consumer, lambda: consumer.stats().dead_lettered >= 1
                             and consumer.stats().handled >= 7)

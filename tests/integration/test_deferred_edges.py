@@ -10,14 +10,12 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from eoguard.consumer.aio import AsyncGuardedConsumer
 from eoguard.consumer.handler import Deferred, HandlerContext
 from eoguard.consumer.state import ConsumerStats
 from eoguard.stack.feed import envelope, produce
 from tests.async_kit import run
 from tests.consumer_kit import committed_total, drain
 from tests.integration.test_async_consumer import (
-    build,  # noqa: F401 - the fixture
     counts,
     run_until,
 )
@@ -53,13 +51,7 @@ def test_a_message_only_ever_deferred_is_dead_lettered_past_max_retries(
     assert calls == [1, 2, 3]
 
 
-@pytest.fixture
-def amake(build: Callable[..., AsyncGuardedConsumer],  # noqa: F811 - the fixture imported
-          ) -> Callable[..., AsyncGuardedConsumer]:
-    return build
-
-
-def test_keys_stay_in_offset_order_across_many_failures(amake, new_topic, kafka_bootstrap,
+def test_keys_stay_in_offset_order_across_many_failures(async_consumer, new_topic, kafka_bootstrap,
                                                         redis_client, key_prefix) -> None:
     """Four keys interleaved, several messages per key failing once or twice, concurrency 4:
     each key's successes in offset order, every effect once, nothing dead-lettered."""
@@ -82,7 +74,7 @@ def test_keys_stay_in_offset_order_across_many_failures(amake, new_topic, kafka_
         done.append((ctx.key or b"", seq, ctx.attempt))
 
     async def main() -> tuple[int, int]:
-        async with amake(topic, handle, concurrency=4, keep_key_order=True, max_retries=3,
+        async with async_consumer(topic, handle, concurrency=4, keep_key_order=True, max_retries=3,
                          retry_backoff_s=0.001) as consumer:
             await run_until(consumer, lambda: consumer.stats().handled >= 40)
             return consumer.stats().handled, consumer.stats().dead_lettered
@@ -98,7 +90,7 @@ def test_keys_stay_in_offset_order_across_many_failures(amake, new_topic, kafka_
 
 
 def test_a_deferred_message_handled_meanwhile_as_a_copy_applies_once(
-        amake, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
+        async_consumer, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
     """K: A fails until another consumer has handled B' (a copy of B, same id, another
     topic); B, deferred behind A, is released at each failed round's done mark. Once A goes
     through, B's retry finds it done: every effect once."""
@@ -121,10 +113,10 @@ def test_a_deferred_message_handled_meanwhile_as_a_copy_applies_once(
         return handle
 
     async def main() -> tuple[ConsumerStats, ConsumerStats]:
-        async with amake(one, handler("one"), concurrency=4, keep_key_order=True,
+        async with async_consumer(one, handler("one"), concurrency=4, keep_key_order=True,
                          max_retries=1000, retry_backoff_s=0.01,
                          retry_backoff_max_s=0.05) as first, \
-                amake(two, handler("two"), max_retries=0) as second:
+                async_consumer(two, handler("two"), max_retries=0) as second:
             running = asyncio.ensure_future(first.run())
             await a_failed.wait()
             await asyncio.to_thread(produce, kafka_bootstrap, two, [b], key=b"K", partition=0)
@@ -144,7 +136,7 @@ def test_a_deferred_message_handled_meanwhile_as_a_copy_applies_once(
 
 
 def test_run_cancelled_during_the_retry_rounds_loses_nothing(
-        amake, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
+        async_consumer, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
     """K: A runs past the handler timeout on its first attempts, B and C deferred behind it;
     run() is cancelled twice during the retry rounds (the batch given back). A second
     consumer of the group handles A, B, C in order, each once, and commits all three."""
@@ -164,7 +156,7 @@ def test_run_cancelled_during_the_retry_rounds_loses_nothing(
         done.append(seq)
 
     async def first() -> None:
-        async with amake(topic, handle, group=group, concurrency=4, keep_key_order=True,
+        async with async_consumer(topic, handle, group=group, concurrency=4, keep_key_order=True,
                          handler_timeout_s=0.05, max_retries=10,
                          retry_backoff_s=0.01) as consumer:
             running = asyncio.ensure_future(consumer.run())
@@ -177,7 +169,7 @@ def test_run_cancelled_during_the_retry_rounds_loses_nothing(
                 await running
 
     async def second() -> ConsumerStats:
-        async with amake(topic, handle, group=group, concurrency=4, keep_key_order=True,
+        async with async_consumer(topic, handle, group=group, concurrency=4, keep_key_order=True,
                          handler_timeout_s=0.05, max_retries=10,
                          retry_backoff_s=0.01) as consumer:
             await run_until(consumer, lambda: consumer.stats().handled >= 3)
@@ -195,7 +187,7 @@ def test_run_cancelled_during_the_retry_rounds_loses_nothing(
 @pytest.mark.xfail(strict=True, reason="a message whose done mark Redis refused is retried "
                    "after its batch's done marks applied its later key-mates' effects")
 def test_keep_key_order_holds_when_redis_refuses_a_done_mark(
-        amake, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
+        async_consumer, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
     """K: A's first attempt queues an effect Redis refuses (INCR on a string): A is retried,
     but B and C, handled after it in the same batch, were marked done with their effects."""
     topic = new_topic(1)
@@ -214,7 +206,7 @@ def test_keep_key_order_holds_when_redis_refuses_a_done_mark(
             applied.append(seq)
 
     async def main() -> None:
-        async with amake(topic, handle, concurrency=4, keep_key_order=True, max_retries=3,
+        async with async_consumer(topic, handle, concurrency=4, keep_key_order=True, max_retries=3,
                          retry_backoff_s=0.01) as consumer:
             await run_until(consumer, lambda: consumer.stats().handled >= 3)
 
@@ -224,7 +216,7 @@ def test_keep_key_order_holds_when_redis_refuses_a_done_mark(
 
 
 def test_a_key_mate_expiring_during_its_retries_releases_the_deferred(
-        amake, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
+        async_consumer, new_topic, kafka_bootstrap, redis_client, key_prefix) -> None:
     """K: A fails until it has expired; B, deferred behind it, is handled on its first
     attempt once A is dropped as expired (never dead-lettered for A's failures)."""
     topic, group = new_topic(1), f"g-{uuid.uuid4().hex[:8]}"
@@ -239,7 +231,7 @@ def test_a_key_mate_expiring_during_its_retries_releases_the_deferred(
         done.append((int(ctx.payload), ctx.attempt))
 
     async def main() -> ConsumerStats:
-        async with amake(topic, handle, group=group, concurrency=4, keep_key_order=True,
+        async with async_consumer(topic, handle, group=group, concurrency=4, keep_key_order=True,
                          max_retries=100_000, retry_backoff_s=0.01,
                          retry_backoff_max_s=0.02) as consumer:
             await run_until(consumer, lambda: consumer.stats().handled >= 1)
