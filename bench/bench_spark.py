@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import redis
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
@@ -51,7 +52,7 @@ from pyspark.sql.pandas.functions import arrow_udf
 from pyspark.sql.streaming.query import StreamingQuery
 
 from bench import table
-from bench.bench_consumer import forget
+from bench.bench_consumer import forget, redis_cpu_s
 from eoguard.codec import (
     ENVELOPE_SCHEMA,
     HEADER_SIZE,
@@ -153,6 +154,8 @@ def run_mode(spark: SparkSession, base: JobOptions, mode: str, root: Path
         "dedup": DedupMode.NONE if mode in (PLAIN, FLOOR) else DedupMode(mode),
         "checkpoint": str(run_dir / "cp"), "output_path": str(run_dir / "out"),
         "dead_letter_path": str(run_dir / "dead"), "key_prefix": f"bs{uuid.uuid4().hex[:8]}"})
+    server = redis.Redis.from_url(base.redis_url)
+    cpu_before = redis_cpu_s(server)
     started = time.perf_counter()
     if mode in (PLAIN, FLOOR):
         query = plain_query(spark, options, run_dir, python_pass=mode == FLOOR)
@@ -170,6 +173,8 @@ def run_mode(spark: SparkSession, base: JobOptions, mode: str, root: Path
     if query.exception() is not None:
         raise RuntimeError(f"{mode} run failed: {query.exception()}")
     inside = progress_s(query) + waited  # the wait is the last batch's, so it counts too
+    phases["redis cpu"] = round(redis_cpu_s(server) - cpu_before, 2)
+    server.close()
     shutil.rmtree(run_dir, ignore_errors=True)
     if mode == DedupMode.REDIS.value:
         forget(options.redis_url, f"{options.key_prefix}:*")  # 200k keys a run, TTL an hour
