@@ -29,7 +29,7 @@ test-fast: setup
 	$(BIN)/python -m pytest -n 4 --topology single -m "$(FAST_MARKS)" tests/unit tests/integration tests/cli $(PYTEST_ARGS)
 
 demo: setup
-	$(BIN)/eoguard demo
+	$(BIN)/eoguard-dev demo
 
 bench: setup
 	$(BIN)/python -m bench

@@ -283,4 +283,4 @@ class StackError(EoguardError):
 
 
 class DemoError(EoguardError):
-    """``eoguard demo`` could not run: a worker process crashed or a topic was not created."""
+    """``eoguard-dev demo`` could not run: a worker process crashed or a topic was not created."""

@@ -1,4 +1,5 @@
-"""The ``eoguard`` click group: global options and the command tree.
+"""The ``eoguard`` click group: global options and the command tree of the production CLI
+(the local stack and the demo are ``eoguard-dev``'s, :mod:`eoguard.cli.dev`).
 
 Every command reads Redis through the store wrappers (``eoguard.store``) with the KeySpace
 built from ``--prefix``/``--shards``; no command spells a key name. User errors end the
@@ -10,17 +11,10 @@ from __future__ import annotations
 
 import click
 
-from eoguard.cli import browse, dedup, demo, outbox, stack, status
-from eoguard.cli.context import BadInputError, CliContext, EoguardGroup
+from eoguard.cli import browse, dedup, dlq, outbox, status
+from eoguard.cli.context import BadInputError, CliContext, EoguardGroup, redis_url_option
 from eoguard.errors import ConfigError
 from eoguard.store.keys import DEFAULT_PREFIX, DEFAULT_SHARDS, KeySpace
-
-
-def default_redis_url() -> str:
-    """The local stack's Redis (the stack itself honours ``EOGUARD_REDIS_URL`` too)."""
-    from eoguard.stack import LocalStack  # noqa: PLC0415 - keep `eoguard --help` light
-
-    return LocalStack().endpoints().redis_url
 
 
 def _check_prefix(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -34,9 +28,7 @@ def _check_prefix(ctx: click.Context, param: click.Parameter, value: str) -> str
 @click.group(cls=EoguardGroup, context_settings={"help_option_names": ["-h", "--help"]},
              epilog="Exit codes: 0 ok; 1 operation failed (Redis unreachable, wrong auth, "
                     "invariant broken); 2 bad input (usage, bad URL); 3 id not found.")
-@click.option("--redis-url", envvar="EOGUARD_REDIS_URL", default=None, show_envvar=True,
-              metavar="URL", help="Redis holding the outbox and dedup keys "
-                                  "[default: the local stack's, redis://127.0.0.1:16379/0].")
+@redis_url_option
 @click.option("--prefix", envvar="EOGUARD_PREFIX", default=DEFAULT_PREFIX, show_default=True,
               show_envvar=True, callback=_check_prefix, help="Key prefix the producers and consumers use.")
 @click.option("--shards", envvar="EOGUARD_SHARDS", default=None, show_envvar=True,
@@ -48,15 +40,11 @@ def _check_prefix(ctx: click.Context, param: click.Parameter, value: str) -> str
 @click.pass_context
 def cli(ctx: click.Context, redis_url: str | None, prefix: str, shards: int | None,
         as_json: bool) -> None:
-    """Inspect and repair eoguard's Redis state, browse topics; run the local stack and the demo."""
-    obj = CliContext(redis_url=redis_url or default_redis_url(), prefix=prefix, shards=shards,
-                     as_json=as_json, redis_url_explicit=redis_url is not None and
-                     ctx.get_parameter_source("redis_url") is click.core.ParameterSource.COMMANDLINE)
-    ctx.obj = obj
-    ctx.call_on_close(obj.close)
+    """Inspect and repair eoguard's Redis state, browse topics, replay dead letters."""
+    CliContext.start(ctx, redis_url, prefix=prefix, shards=shards, as_json=as_json)
 
 
-for _command in (status.status, outbox.outbox, dedup.dedup, browse.browse, stack.stack, demo.demo):
+for _command in (status.status, outbox.outbox, dedup.dedup, browse.browse, dlq.dlq):
     cli.add_command(_command)
 
 

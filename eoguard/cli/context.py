@@ -11,8 +11,11 @@ Exit codes:
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Callable
+import sys
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import update_wrapper
 from typing import Any, TypeVar, cast
@@ -20,6 +23,7 @@ from typing import Any, TypeVar, cast
 import click
 import redis
 
+from eoguard.codec.headers import parse_time
 from eoguard.envelope import canonical_id
 from eoguard.errors import EoguardError, InvalidInputError, StoreUnavailableError
 from eoguard.redaction import redact_url
@@ -77,6 +81,20 @@ def translate(exc: BaseException, redis_url: str) -> CliError:
     return CliError(_one_line(exc))
 
 
+def default_redis_url() -> str:
+    """The local stack's Redis (the stack itself honours ``EOGUARD_REDIS_URL`` too)."""
+    from eoguard.stack import LocalStack  # noqa: PLC0415 - keep `eoguard --help` light
+
+    return LocalStack().endpoints().redis_url
+
+
+redis_url_option = click.option(
+    "--redis-url", envvar="EOGUARD_REDIS_URL", default=None, show_envvar=True, metavar="URL",
+    help="Redis holding the outbox and dedup keys [default: the local stack's, "
+         "redis://127.0.0.1:16379/0].")
+"""The groups' ``--redis-url`` (``eoguard`` and ``eoguard-dev``)."""
+
+
 def message_ids(_ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     """Click callback: ids (one, or a tuple of them) as the store keys them (lowercase
     hyphenated UUIDs), from any UUID spelling; anything else is a one-line error."""
@@ -102,6 +120,17 @@ class CliContext:
     max_ttl_ms: int = DEFAULT_MAX_TTL_MS  # the prefix's recorded layout's, read on connect
     redis_url_explicit: bool = False  # given on the command line (not the default)
     _client: redis.Redis[bytes] | None = field(default=None, repr=False)
+
+    @classmethod
+    def start(cls, ctx: click.Context, redis_url: str | None, *, prefix: str,
+              shards: int | None, as_json: bool) -> CliContext:
+        """The context of a group's commands, from its global options (closed with it)."""
+        obj = cls(redis_url=redis_url or default_redis_url(), prefix=prefix, shards=shards,
+                  as_json=as_json, redis_url_explicit=redis_url is not None and
+                  ctx.get_parameter_source("redis_url") is click.core.ParameterSource.COMMANDLINE)
+        ctx.obj = obj
+        ctx.call_on_close(obj.close)
+        return obj
 
     @property
     def keys(self) -> KeySpace:
@@ -144,8 +173,49 @@ class CliContext:
             self._client = None
 
 
+ERROR_TYPES = {EXIT_FAILED: "failed", EXIT_BAD_INPUT: "bad-input", EXIT_NOT_FOUND: "not-found"}
+"""An error's ``type`` under ``--json``, by its exit code."""
+
+
+def _asks_json(argv: Sequence[str]) -> bool:
+    """Whether the command line has ``--json`` (before the group's or after the command)."""
+    options = argv[:argv.index("--")] if "--" in argv else argv
+    return "--json" in options
+
+
+def json_error(exit_code: int, message: str, cause: BaseException | None = None) -> None:
+    """An error as ``--json`` prints it: one object on one line of stderr (stdout keeps the
+    data a command printed before it failed, if any)."""
+    error: dict[str, Any] = {"type": ERROR_TYPES.get(exit_code, "failed"), "message": message,
+                             "exit_code": exit_code}
+    if cause is not None:
+        error["cause"] = type(cause).__name__
+    click.echo(json.dumps({"error": error}), err=True)
+
+
 class EoguardGroup(click.Group):
-    """A click group that turns eoguard and redis-py errors into one-line exits."""
+    """A click group that turns eoguard and redis-py errors into one-line exits: a line of
+    text, or with ``--json`` a JSON object (:func:`json_error`)."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             windows_expand_args: bool = True, **extra: Any) -> Any:
+        """click's ``main``; with ``--json`` on the command line, its errors as
+        :func:`json_error` prints them."""
+        argv = list(sys.argv[1:] if args is None else args)
+        if not standalone_mode or not _asks_json(argv):
+            return super().main(argv, prog_name, complete_var, standalone_mode,
+                                windows_expand_args=windows_expand_args, **extra)
+        try:
+            result = super().main(argv, prog_name, complete_var, False,
+                                  windows_expand_args=windows_expand_args, **extra)
+        except click.ClickException as exc:
+            json_error(exc.exit_code, exc.format_message(), exc.__cause__)
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            json_error(EXIT_FAILED, "aborted")
+            sys.exit(EXIT_FAILED)
+        sys.exit(result if isinstance(result, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -201,3 +271,26 @@ class Duration(click.ParamType):  # type: ignore[type-arg]
 
 
 DURATION = Duration()
+
+
+class Moment(click.ParamType):  # type: ignore[type-arg]
+    """A point in time: RFC 3339 (``2026-11-28T14:00:00Z``, any offset) or a duration ago
+    (``90m``: 90 minutes before now, by this machine's clock); converts to epoch ms."""
+
+    name = "time"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_time(str(value).strip())
+        except ValueError:
+            pass
+        try:
+            return int(time.time() * 1000) - DURATION.convert(value, param, ctx)
+        except click.BadParameter:
+            self.fail(f"{value!r} is neither an RFC 3339 time (2026-11-28T14:00:00Z) nor a "
+                      "duration ago (90m, 2h, 1d)", param, ctx)
+
+
+MOMENT = Moment()

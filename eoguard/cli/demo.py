@@ -1,4 +1,4 @@
-"""``eoguard demo``: the end-to-end demo (eoguard.demo) with a live progress display."""
+"""``eoguard-dev demo``: the end-to-end demo (eoguard.demo) with a live progress display."""
 
 from __future__ import annotations
 

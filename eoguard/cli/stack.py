@@ -1,4 +1,4 @@
-"""``eoguard stack up|down|status``: the local Kafka + Redis + Schema Registry stack
+"""``eoguard-dev stack up|down|status``: the local Kafka + Redis + Schema Registry stack
 (eoguard.stack.LocalStack)."""
 
 from __future__ import annotations

@@ -21,13 +21,29 @@ cannot be dead-lettered keeps its offset uncommitted (DeadLetterError).
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from confluent_kafka import Message
 
+from eoguard.codec.headers import RawHeaders
 from eoguard.errors import BrokerError, DeadLetterError
 from eoguard.kafka.sink import DeliverySink
 
 _MAX_REASON = 1024
+
+KIND = "eoguard.error.kind"
+ERROR_TYPE = "eoguard.error.type"
+REASON = "eoguard.error.reason"
+ATTEMPTS = "eoguard.error.attempts"
+SOURCE_TOPIC = "eoguard.source.topic"
+SOURCE_PARTITION = "eoguard.source.partition"
+SOURCE_OFFSET = "eoguard.source.offset"
+SCOPE = "eoguard.scope"
+MESSAGE_ID = "eoguard.message.id"
+ADDED = (KIND, ERROR_TYPE, REASON, ATTEMPTS, SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET,
+         SCOPE, MESSAGE_ID)
+"""The headers :meth:`DeadLetterRouter.route` adds to a record (module docstring)."""
 
 
 def _encoded(text: str) -> bytes:
@@ -65,17 +81,17 @@ class DeadLetterRouter:
                 headers.append((str(item[0]), value if isinstance(value, bytes)
                                 else _encoded(str(value))))
         extra = {
-            "eoguard.error.kind": reason.value,
-            "eoguard.error.type": error_type,
-            "eoguard.error.reason": error[:_MAX_REASON],
-            "eoguard.error.attempts": str(attempts),
-            "eoguard.source.topic": msg.topic() or "",
-            "eoguard.source.partition": str(msg.partition()),
-            "eoguard.source.offset": str(msg.offset()),
-            "eoguard.scope": self.scope,
+            KIND: reason.value,
+            ERROR_TYPE: error_type,
+            REASON: error[:_MAX_REASON],
+            ATTEMPTS: str(attempts),
+            SOURCE_TOPIC: msg.topic() or "",
+            SOURCE_PARTITION: str(msg.partition()),
+            SOURCE_OFFSET: str(msg.offset()),
+            SCOPE: self.scope,
         }
         if message_id is not None:
-            extra["eoguard.message.id"] = message_id
+            extra[MESSAGE_ID] = message_id
         headers += [(k, _encoded(v)) for k, v in extra.items()]
         try:
             self._sink.produce(self.topic, msg.value(), msg.key(), headers)
@@ -90,3 +106,36 @@ class DeadLetterRouter:
             self._sink.flush(timeout_s)
         except BrokerError as exc:
             raise DeadLetterError(f"dead letters not delivered to {self.topic}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A dead-letter record read back: the original record (its headers without the ones
+    :meth:`DeadLetterRouter.route` added) and what those added headers say (as text; ``""``
+    for one that is missing, as in a record some other tool wrote)."""
+
+    headers: list[tuple[str, bytes]]  # the original record's, in order (a name may repeat)
+    added: dict[str, str]
+
+    @classmethod
+    def split(cls, raw: RawHeaders | None) -> DeadLetter:
+        """The record's headers split into the original's and eoguard's additions (the last
+        value of an added name wins: a record dead-lettered twice says why the last time)."""
+        original: list[tuple[str, bytes]] = []
+        added: dict[str, str] = {}
+        pairs = raw.items() if isinstance(raw, Mapping) else raw or ()
+        for name, value in pairs:
+            data = value.encode() if isinstance(value, str) else value
+            if name in ADDED:
+                added[name] = (data or b"").decode("utf-8", "replace")
+            elif data is not None:
+                original.append((name, data))
+        return cls(original, added)
+
+    @property
+    def kind(self) -> str:
+        return self.added.get(KIND, "")
+
+    @property
+    def source_topic(self) -> str:
+        return self.added.get(SOURCE_TOPIC, "")

@@ -1,4 +1,4 @@
-"""The end-to-end demo (``eoguard demo``): crashes, duplicates, expiry and poison, checked."""
+"""The end-to-end demo (``eoguard-dev demo``): crashes, duplicates, expiry and poison, checked."""
 
 from eoguard.demo.plan import DemoOptions, spark_available
 from eoguard.demo.report import DemoReport, ScopeResult

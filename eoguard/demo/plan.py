@@ -26,7 +26,7 @@ _KEEP_RUNS = 5
 
 @dataclass(frozen=True, kw_only=True)
 class DemoOptions:
-    """Knobs of ``eoguard demo``; the defaults show every failure mode in well under 2 minutes."""
+    """Knobs of ``eoguard-dev demo``; the defaults show every failure mode in well under 2 minutes."""
 
     messages: int = 10_000
     ttl_s: float = 600.0

@@ -71,7 +71,7 @@ def sparkline(values: Sequence[float], width: int = 60) -> str:
 
 @dataclass
 class DemoReport:
-    """Everything ``eoguard demo`` prints; ``failures`` lists each broken invariant."""
+    """Everything ``eoguard-dev demo`` prints; ``failures`` lists each broken invariant."""
 
     run_id: str
     topic: str

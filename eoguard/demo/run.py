@@ -1,4 +1,4 @@
-"""``eoguard demo``: the guarantee shown end to end on the local stack, crashes included.
+"""``eoguard-dev demo``: the guarantee shown end to end on the local stack, crashes included.
 
 Step 1. Start the stack if needed; create the run's topic and dead-letter topic.
 Step 2. Start consumer c1 (scope ``orders``) and producer p1 (subprocesses, see worker.py).

@@ -6,7 +6,7 @@ on the polling thread); :func:`delivery_error` turns ``err`` into a :class:`Brok
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import confluent_kafka
@@ -103,6 +103,21 @@ class KafkaProducer:
                                        headers=list(headers.items()))
             else:
                 self._producer.produce(topic, value, key, on_delivery=on_delivery)
+        except BufferError:
+            return False
+        except KafkaException as exc:
+            raise _refusal(exc, topic, value, key) from exc
+        return True
+
+    def produce_pairs(self, topic: str, value: bytes, key: bytes | None,
+                      headers: Sequence[tuple[str, bytes]], *, on_delivery: DeliveryCallback,
+                      partition: int = -1) -> bool:
+        """:meth:`produce` with the headers as Kafka has them, pairs in order (a name may
+        repeat), to ``partition`` (-1: the partitioner's choice): a record sent again with its
+        headers exactly as they were."""
+        try:
+            self._producer.produce(topic, value, key, partition=partition,
+                                   on_delivery=on_delivery, headers=list(headers))
         except BufferError:
             return False
         except KafkaException as exc:

@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from eoguard.cli import cli
+from eoguard.cli.dev import dev
 from eoguard.codec import EnvelopeCodec, PayloadCodec
 from eoguard.config import KeepUntil
 from eoguard.envelope import Envelope
@@ -31,6 +32,18 @@ def run_cli(redis_url: str, key_prefix: str) -> Callable[..., Result]:
     def run(*args: str, input: str | None = None, prefix: str | None = None) -> Result:
         argv = ["--redis-url", redis_url, "--prefix", prefix or key_prefix, *args]
         return runner.invoke(cli, argv, input=input, catch_exceptions=True)
+
+    return run
+
+
+@pytest.fixture
+def run_dev(redis_url: str) -> Callable[..., Result]:
+    """Run ``eoguard-dev --redis-url <real> ARGS`` (the local stack, the demo)."""
+    runner = CliRunner()
+
+    def run(*args: str, input: str | None = None) -> Result:
+        return runner.invoke(dev, ["--redis-url", redis_url, *args], input=input,
+                             catch_exceptions=True)
 
     return run
 

@@ -1,4 +1,4 @@
-"""``eoguard demo`` end to end on the real stack (Kafka, Redis; Spark in the spark-marked test).
+"""``eoguard-dev demo`` end to end on the real stack (Kafka, Redis; Spark in the spark-marked test).
 
 The demo SIGKILLs its own producer and consumer subprocesses, never the shared stack.
 """
@@ -55,8 +55,8 @@ def test_sparkline_scales_to_the_largest_value() -> None:
 
 
 @pytest.mark.cluster
-def test_demo_without_spark(run_cli, as_json, topology: str) -> None:
-    result = run_cli("--json", "demo", "--messages", str(MESSAGES), "--no-spark",
+def test_demo_without_spark(run_dev, as_json, topology: str) -> None:
+    result = run_dev("--json", "demo", "--messages", str(MESSAGES), "--no-spark",
                      "--topology", topology)
     data = as_json(result)
     check_invariants(data, {"orders"})
@@ -66,18 +66,18 @@ def test_demo_without_spark(run_cli, as_json, topology: str) -> None:
 
 
 @pytest.mark.spark
-def test_demo_with_spark(run_cli, as_json) -> None:
+def test_demo_with_spark(run_dev, as_json) -> None:
     available, why = spark_available()
     if not available:
         pytest.fail(f"the Spark job cannot run: {why}", pytrace=False)
-    result = run_cli("--json", "demo", "--messages", str(MESSAGES), "--spark")
+    result = run_dev("--json", "demo", "--messages", str(MESSAGES), "--spark")
     data = as_json(result)
     check_invariants(data, {"orders", "orders-spark"})
     assert data["spark"] == "ran"
     print(f"demo {MESSAGES} messages with Spark: {data['elapsed_s']} s")
 
 
-def test_demo_rejects_bad_options(run_cli) -> None:
-    result = run_cli("demo", "--messages", "5")
+def test_demo_rejects_bad_options(run_dev) -> None:
+    result = run_dev("demo", "--messages", "5")
     assert result.exit_code == 2
     assert "--messages" in result.stderr
