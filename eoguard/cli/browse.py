@@ -17,7 +17,7 @@ import base64
 import datetime
 import decimal
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ from rich.markup import escape
 
 from eoguard.cli import render
 from eoguard.cli.context import BadInputError, CliContext, CliError, json_option, pass_cli
+from eoguard.cli.dedup import id_states
 from eoguard.cli.kafka_options import kafka_config, kafka_options, shown
 from eoguard.codec import MAGIC, EnvelopeCodec, PayloadCodec
 from eoguard.codec.headers import header_payload, read_headers
@@ -34,8 +35,6 @@ from eoguard.codec.registry_payloads import FRAME_SIZE, RegistryPayloads
 from eoguard.config import SchemaRegistryConfig
 from eoguard.errors import CodecError
 from eoguard.kafka.reader import Offset, TopicReader
-from eoguard.store.dedup_admin import read_entries
-from eoguard.store.dedup_types import IdState
 
 REGISTRY_MAGIC = 0
 PREVIEW_CHARS = 120  # a payload's width in the table (--json shows it whole)
@@ -163,23 +162,6 @@ def _text(data: bytes | str | None) -> str | None:
         return "base64:" + base64.b64encode(data).decode("ascii")
 
 
-def _dedup_states(cli: CliContext, rows: list[Row], scopes: Iterable[str]) -> int:
-    """Fill each row's state per scope (``new`` when the scope holds no claim key for it);
-    return Redis's clock, which the states were judged by."""
-    client = cli.client()
-    keys = cli.keys
-    ids = sorted({row.id for row in rows if row.id is not None})
-    states: dict[tuple[str, str], str] = {}
-    now = cli.server_ms()
-    for scope in scopes:
-        for entry in read_entries(client, keys, [keys.dedup(scope, mid) for mid in ids]):
-            states[(scope, entry.message_id)] = entry.id_state(now).value
-    for row in rows:
-        if row.id is not None:
-            row.states = {scope: states.get((scope, row.id), IdState.NEW.value) for scope in scopes}
-    return now
-
-
 @click.command()
 @click.argument("topic")
 @click.option("--partition", "-p", "partitions", multiple=True, type=click.IntRange(0),
@@ -220,7 +202,11 @@ def browse(cli: CliContext, topic: str, *, partitions: tuple[int, ...], offset: 
     finally:
         reader.close()
         decoder.close()
-    now = _dedup_states(cli, rows, scopes) if scopes else None
+    now = None
+    if scopes:
+        states, now = id_states(cli, (row.id for row in rows if row.id is not None), scopes)
+        for row in rows:
+            row.states = states.get(row.id, {}) if row.id is not None else {}
     data = {"topic": topic, "client": shown(conf), "records": [r.as_data(now) for r in rows]}
     render.show(cli, data, _table(topic, rows, scopes, now))
 

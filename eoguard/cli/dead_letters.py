@@ -86,6 +86,7 @@ class Letter:
     headers: list[tuple[str, bytes]] = field(default_factory=list)  # the next attempt's
     skip: str | None = None  # why it is not replayed
     outcome: dict[str, Any] = field(default_factory=dict)  # set by a replay
+    states: dict[str, str] = field(default_factory=dict)  # the id's state per --scope
 
     @property
     def target(self) -> tuple[str, int]:
@@ -106,7 +107,7 @@ class Letter:
                        "offset": _int(added.get(SOURCE_OFFSET))},
             "id": self.id, "format": self.format, "attempt": self.attempt,
             "expires_at": render.iso_ms(self.expires_at_ms),
-            "replayable": self.skip is None, "skip_reason": self.skip,
+            "replayable": self.skip is None, "skip_reason": self.skip, "dedup": self.states,
             **self.outcome,
         }
 

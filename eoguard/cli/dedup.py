@@ -3,6 +3,7 @@ with the batch record of the claim pass that holds it and the state the v2 rules
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import click
@@ -10,6 +11,8 @@ import click
 from eoguard.cli import render
 from eoguard.cli.context import CliContext, NotFoundError, json_option, message_ids, pass_cli
 from eoguard.store.dedup import BatchRecord, BatchState, DedupEntry, DedupStore, parse_position
+from eoguard.store.dedup_admin import read_entries
+from eoguard.store.dedup_types import IdState
 
 _SCOPE = click.option("--scope", "-s", required=True, help="The consumer scope (dedup namespace).")
 
@@ -22,6 +25,23 @@ def dedup() -> None:
     grace), in progress (open, lease live), free to take over (lease lapsed, or record gone);
     or partial (done for every reader, effects partially applied).
     """
+
+
+def id_states(cli: CliContext, ids: Iterable[str], scopes: Iterable[str]
+              ) -> tuple[dict[str, dict[str, str]], int]:
+    """Each id's state in each scope, as ``dedup check`` derives it (``new``: no claim key),
+    read in one pipelined pass over the claim keys; and Redis's clock, which judged them."""
+    client = cli.client()
+    keys = cli.keys
+    wanted = sorted(set(ids))
+    scopes = list(scopes)
+    found: dict[tuple[str, str], str] = {}
+    now = cli.server_ms()
+    for scope in scopes:
+        for entry in read_entries(client, keys, [keys.dedup(scope, mid) for mid in wanted]):
+            found[(scope, entry.message_id)] = entry.id_state(now).value
+    return ({mid: {scope: found.get((scope, mid), IdState.NEW.value) for scope in scopes}
+             for mid in wanted}, now)
 
 
 def _position(text: str) -> dict[str, Any] | None:

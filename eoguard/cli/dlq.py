@@ -31,6 +31,7 @@ from eoguard.cli.context import (
     pass_cli,
 )
 from eoguard.cli.dead_letters import Filter, Letter, read_letter
+from eoguard.cli.dedup import id_states
 from eoguard.cli.kafka_options import kafka_config, kafka_options, shown
 from eoguard.codec import EnvelopeCodec
 from eoguard.consumer.dead_letter import DeadLetterReason
@@ -73,16 +74,20 @@ def _filters(f: F) -> F:
                      help="Only those that came from this topic (repeatable)."),
         click.option("--timeout", "timeout_s", default=30.0, show_default=True,
                      type=click.FloatRange(1), help="Seconds to wait for Kafka without progress."),
+        click.option("--scope", "-s", "scopes", multiple=True,
+                     help="Show each id's state in this consumer scope (repeatable): where it is "
+                          "done, a replay is dropped as a duplicate."),
     ]
     for option in reversed(options):
         f = option(f)
     return f
 
 
-def _select(topic: str, conf: dict[str, str], rule: Filter, timeout_s: float
-            ) -> tuple[list[Letter], list[str]]:
-    """The dead letters of ``topic`` the rule takes, in partition and offset order, and the
-    ids of ``--id`` none of them has; NotFoundError when that is every one of them."""
+def _select(cli: CliContext, topic: str, conf: dict[str, str], rule: Filter, *,
+            timeout_s: float, scopes: tuple[str, ...]) -> tuple[list[Letter], list[str]]:
+    """The dead letters of ``topic`` the rule takes, in partition and offset order, with their
+    ids' states in ``scopes``, and the ids of ``--id`` none of them has; NotFoundError when
+    that is every one of them."""
     if rule.since_ms is not None and rule.until_ms is not None and rule.since_ms >= rule.until_ms:
         raise BadInputError("--since must be before --until")
     codec = EnvelopeCodec()
@@ -98,6 +103,10 @@ def _select(topic: str, conf: dict[str, str], rule: Filter, timeout_s: float
     if rule.ids and len(missing) == len(rule.ids):
         raise NotFoundError(f"no dead letter in {topic!r} the filters take has id "
                             f"{', '.join(missing)}")
+    if scopes:
+        states, _ = id_states(cli, (x.id for x in chosen if x.id is not None), scopes)
+        for letter in chosen:
+            letter.states = states.get(letter.id, {}) if letter.id is not None else {}
     return chosen, missing
 
 
@@ -115,7 +124,7 @@ def _rule(reasons: tuple[str, ...], ids: tuple[str, ...], since_ms: int | None,
 @pass_cli
 def list_letters(cli: CliContext, topic: str, *, reasons: tuple[str, ...], ids: tuple[str, ...],
                  since_ms: int | None, until_ms: int | None, sources: tuple[str, ...],
-                 timeout_s: float, limit: int, bootstrap_servers: str | None,
+                 timeout_s: float, scopes: tuple[str, ...], limit: int, bootstrap_servers: str | None,
                  config_file: Path | None, overrides: tuple[str, ...]) -> None:
     """List TOPIC's dead letters: reason, error, message id, where each came from, and
     whether a replay would send it (or why not).
@@ -123,12 +132,13 @@ def list_letters(cli: CliContext, topic: str, *, reasons: tuple[str, ...], ids: 
     Kafka's client settings: -b, -F FILE and -X key=value, as kcat takes them.
     """
     conf = kafka_config(bootstrap_servers, config_file, overrides)
-    letters, missing = _select(topic, conf, _rule(reasons, ids, since_ms, until_ms, sources),
-                               timeout_s)
+    letters, missing = _select(cli, topic, conf,
+                               _rule(reasons, ids, since_ms, until_ms, sources),
+                               timeout_s=timeout_s, scopes=scopes)
     rows = [letter.as_data() for letter in (letters[:limit] if limit else letters)]
     data = {"topic": topic, "client": shown(conf), "matched": len(letters), "shown": len(rows),
             "ids_not_found": missing, "records": rows}
-    render.show(cli, data, _table(f"{topic}: {len(letters):,} dead letter(s)", rows))
+    render.show(cli, data, _table(f"{topic}: {len(letters):,} dead letter(s)", rows, scopes))
 
 
 @dlq.command()
@@ -141,7 +151,7 @@ def list_letters(cli: CliContext, topic: str, *, reasons: tuple[str, ...], ids: 
 @pass_cli
 def replay(cli: CliContext, topic: str, *, reasons: tuple[str, ...], ids: tuple[str, ...],
            since_ms: int | None, until_ms: int | None, sources: tuple[str, ...],
-           timeout_s: float, take_all: bool, yes: bool, dry_run: bool,
+           timeout_s: float, scopes: tuple[str, ...], take_all: bool, yes: bool, dry_run: bool,
            bootstrap_servers: str | None, config_file: Path | None,
            overrides: tuple[str, ...]) -> None:
     """Send TOPIC's selected dead letters back to the topics they came from, each as the same
@@ -157,7 +167,7 @@ def replay(cli: CliContext, topic: str, *, reasons: tuple[str, ...], ids: tuple[
         raise click.UsageError("select dead letters with --reason, --id, --since, --until or "
                                "--source-topic, or take them all with --all (one of the two)")
     conf = kafka_config(bootstrap_servers, config_file, overrides)
-    letters, missing = _select(topic, conf, rule, timeout_s)
+    letters, missing = _select(cli, topic, conf, rule, timeout_s=timeout_s, scopes=scopes)
     sending = [letter for letter in letters if letter.skip is None]
     for letter in letters:
         letter.outcome = {"outcome": "skipped" if letter.skip else
@@ -177,7 +187,7 @@ def replay(cli: CliContext, topic: str, *, reasons: tuple[str, ...], ids: tuple[
             **counts, "ids_not_found": missing, "records": rows}
     title = (f"{topic}: {len(rows):,} matched, " + ", ".join(
         f"{n:,} {name}" for name, n in counts.items() if n or name in ("replayed", "skipped")))
-    render.show(cli, data, _table(title, rows, outcome=True))
+    render.show(cli, data, _table(title, rows, scopes, outcome=True))
     lost = counts["failed"] + counts["unacknowledged"] + counts["not-sent"]
     if lost:
         raise CliError(f"{lost} of {len(sending)} replay(s) not acknowledged by Kafka at "
@@ -227,9 +237,10 @@ def _hand_over(producer: KafkaProducer, letter: Letter, on_delivery: Callable[[A
     return True
 
 
-def _table(title: str, rows: list[dict[str, Any]], *, outcome: bool = False) -> Any:
+def _table(title: str, rows: list[dict[str, Any]], scopes: tuple[str, ...], *,
+           outcome: bool = False) -> Any:
     columns = ["partition", "offset", "dead-lettered at", "reason", "id", "attempt", "from",
-               "error", "outcome" if outcome else "replay"]
+               "error", *scopes, "outcome" if outcome else "replay"]
     lines = []
     for r in rows:
         source = r["source"]
@@ -243,5 +254,6 @@ def _table(title: str, rows: list[dict[str, Any]], *, outcome: bool = False) -> 
         elif r.get("replay_error"):
             last = f"failed: {r['replay_error']}"
         lines.append([r["partition"], r["offset"], r["dead_lettered_at"], r["reason"], r["id"],
-                      r["attempt"], where, escape(error), escape(last)])
+                      r["attempt"], where, escape(error), *(r["dedup"].get(s) for s in scopes),
+                      escape(last)])
     return render.table(title, columns, lines)

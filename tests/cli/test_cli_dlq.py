@@ -145,6 +145,11 @@ def test_replay_of_an_id_already_done_is_not_handled_again(run_cli, kafka_bootst
     shipping.run_until(lambda c: c.stats().dead_lettered >= 1)
 
     shipping.poison = set()
+    dry = _replay(run_cli, kafka_bootstrap, shipping_dlq, "--id", message.id, "--dry-run",
+                  "-s", "billing", "-s", "shipping")
+    [row] = dry["records"]
+    assert row["dedup"]["billing"] == "done"  # billing will drop the replay
+    assert row["dedup"]["shipping"] != "done"  # shipping gave its claim up: it will handle it
     done = _replay(run_cli, kafka_bootstrap, shipping_dlq, "--id", message.id, "-y")
     assert done["replayed"] == 1
     # Billing did it already: its dedup store drops the new attempt; shipping handles it.
@@ -201,3 +206,29 @@ def test_bad_filters_are_typed_json_errors(run_cli, kafka_bootstrap, new_topic, 
     assert (error["type"], error["exit_code"]) == (kind, code)
     assert words in error["message"]
     assert result.stdout == ""
+
+
+def test_a_replay_kafka_does_not_take_is_reported_and_exits_1(run_cli, kafka_bootstrap,
+                                                               new_topic) -> None:
+    topic, dlq = new_topic(1), new_topic(1, prefix="dlq")
+    taken, refused = envelope(b"to partition 0"), envelope(b"to partition 7")
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "acks": "all"})
+    for message, partition in ((taken, b"0"), (refused, b"7")):  # the topic has no partition 7
+        producer.produce(dlq, CODEC.encode(message), headers=[
+            ("eoguard.error.kind", b"handler-failed"), ("eoguard.source.topic", topic.encode()),
+            ("eoguard.source.partition", partition), ("eoguard.source.offset", b"0")])
+    assert producer.flush(30) == 0
+
+    result = run_cli("--json", "dlq", "replay", dlq, "-b", kafka_bootstrap, "--all", "-y",
+                     "--timeout", "5")
+    assert result.exit_code == 1, (result.stdout, result.stderr)
+    report = json.loads(result.stdout)  # the report, then the error
+    outcomes = {r["id"]: r["outcome"] for r in report["records"]}
+    assert outcomes[taken.id] == "replayed"
+    assert outcomes[refused.id] in ("failed", "unacknowledged")
+    assert report["replayed"] == 1
+    error = json.loads(result.stderr)["error"]
+    assert (error["type"], error["exit_code"]) == ("failed", 1)
+    assert "1 of 2 replay(s) not acknowledged" in error["message"]
+    [copy] = read_all(kafka_bootstrap, topic, 1)
+    assert CODEC.decode(copy.value()).id == taken.id
