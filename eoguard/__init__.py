@@ -1,7 +1,11 @@
 """eoguard: delivery guarantees for Apache Kafka (outbox, dedup, expiry).
 
 This module holds the public API only; everything listed in ``__all__`` is stable.
+``__version__`` is the one place the version is written: the build reads it (pyproject.toml),
+and ``eoguard-spark`` requires the range of releases compatible with it.
 """
+
+__version__ = "0.2.0.dev0"
 
 from eoguard.codec import (
     EnvelopeCodec,
