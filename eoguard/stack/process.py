@@ -8,6 +8,7 @@ import signal
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from eoguard.errors import StackError
@@ -16,7 +17,8 @@ from eoguard.errors import StackError
 class ManagedProcess(abc.ABC):
     """Template for one local service: subclasses say how to prepare, run and probe it.
 
-    State lives in ``workdir``: ``pid`` (the running process), ``service.log`` (its output).
+    State lives in ``workdir``: ``pid`` (the running process's pid and start time),
+    ``service.log`` (its output).
     ``start`` is idempotent: a live, ready process from an earlier start is reused.
     """
 
@@ -53,20 +55,24 @@ class ManagedProcess(abc.ABC):
         raise NotImplementedError
 
     def pid(self) -> int | None:
-        """The pid of the running service, or None when it is not running."""
+        """The pid of the running service, or None when it is not running.
+
+        The pid file holds the pid and the process's start time: a pid the kernel gave to
+        another process since (a reused pid) starts at another time, so it is never taken for
+        the service, nor signalled. A pid file of an older stack (the pid alone) names the
+        service only if that process runs in the service's workdir, where it was started."""
         try:
-            pid = int(self._pid_path.read_text().strip())
-        except (FileNotFoundError, ValueError):
+            fields = self._pid_path.read_text().split()
+            pid = int(fields[0])
+            recorded = int(fields[1]) if len(fields) > 1 else None
+        except (FileNotFoundError, ValueError, IndexError):
             return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        stat = _stat(pid)
+        if stat is None or stat.zombie:
             return None
-        except PermissionError:
-            return pid
-        if _is_zombie(pid):
-            return None
-        return pid
+        if recorded is None:
+            return pid if _runs_in(pid, self.workdir) else None
+        return pid if stat.start_ticks == recorded else None
 
     def start(self) -> bool:
         """Start the service and wait until it is ready; return False if it already ran."""
@@ -93,7 +99,8 @@ class ManagedProcess(abc.ABC):
                 cwd=self.workdir, start_new_session=True,
             )
         self._child = proc
-        self._pid_path.write_text(str(proc.pid))
+        stat = _stat(proc.pid)  # our unreaped child: its stat is there even if it exited
+        self._pid_path.write_text(f"{proc.pid} {stat.start_ticks if stat else 0}")
         return True
 
     def wait_ready(self) -> None:
@@ -172,9 +179,24 @@ class ManagedProcess(abc.ABC):
         self._pid_path.unlink(missing_ok=True)
 
 
-def _is_zombie(pid: int) -> bool:
+@dataclass(frozen=True)
+class _Stat:
+    zombie: bool
+    start_ticks: int  # when the process started, in clock ticks after boot
+
+
+def _stat(pid: int) -> _Stat | None:
+    """What /proc/<pid>/stat says of a process (fields 3 and 22), None if there is none."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()  # the command name may hold spaces and ")"
+    return _Stat(zombie=fields[0] == "Z", start_ticks=int(fields[19]))
+
+
+def _runs_in(pid: int, workdir: Path) -> bool:
+    try:
+        return Path(os.readlink(f"/proc/{pid}/cwd")) == workdir.resolve()
+    except OSError:
         return False
-    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
