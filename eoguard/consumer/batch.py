@@ -17,6 +17,7 @@ from typing import Any
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
+from eoguard.backoff import doubling_s
 from eoguard.callbacks import awaitable_refused
 from eoguard.codec import EnvelopeHeads, check_envelope, read_plain
 from eoguard.codec.headers import header_envelope, header_payload, read_headers
@@ -346,7 +347,7 @@ class BatchProcessor:
 
         Past ``max_retries`` failures of its handler a message is dead-lettered (a done mark
         that a full Redis refused, or whose claim vanished, is no failure of the handler). A
-        BUSY one is claimed again with a growing backoff (``retry_backoff_s`` doubling, capped
+        BUSY one is claimed again with a growing backoff (``retry_backoff_s`` doubling, jittered, capped
         by the other owner's lease left): a live owner marks it done within its batch, a dead
         one's lease lapses and it is taken over. Past ``busy_wait_s`` it is skipped (its record is uncommitted
         where it is claimed, and handled or re-owned there).
@@ -365,7 +366,7 @@ class BatchProcessor:
             # it waits: the backoff follows the messages that failed (it starts at one).
             tried = [item.attempts for item in retry if not isinstance(item.error, Deferred)]
             first = max(1, min(tried or [item.attempts for item in retry]))
-            waits.append(min(cfg.retry_backoff_s * 2 ** (first - 1), cfg.retry_backoff_max_s))
+            waits.append(doubling_s(cfg.retry_backoff_s, first, cfg.retry_backoff_max_s))
         busy, batch.busy = batch.busy, []
         lease_left_ms, batch.lease_left_ms = batch.lease_left_ms, []
         busy_wait = BusyWait(batch.busy_until)
@@ -375,8 +376,7 @@ class BatchProcessor:
             self.stats.busy_waits += 1
             retry += busy
             batch.busy_rounds += 1
-            step_s = min(cfg.retry_backoff_s * 2 ** (batch.busy_rounds - 1),
-                         cfg.retry_backoff_max_s)
+            step_s = doubling_s(cfg.retry_backoff_s, batch.busy_rounds, cfg.retry_backoff_max_s)
             # A duplicate of a message handled in this very batch is DONE at once: no wait.
             waits.append(0.0 if handled_any else busy_wait.next_s(step_s, lease_left_ms))
         return retry, min(waits, default=0.0)

@@ -59,6 +59,7 @@ from typing import Any
 from confluent_kafka import Message
 from redis.cluster import RedisCluster
 
+from eoguard.backoff import jittered
 from eoguard.callbacks import require_sync
 from eoguard.codec import EnvelopeCodec, PayloadCodec, SchemaRegistry
 from eoguard.config import ConsumerConfig
@@ -330,9 +331,10 @@ class GuardedConsumer:
             first[tp] = min(first.get(tp, offset), offset)
         cfg = self.config
         self._outage_s = min(max(self._outage_s * 2, cfg.retry_backoff_s), cfg.retry_backoff_max_s)
-        log.warning("batch not committed (%s); re-reading it in %.2f s", exc, self._outage_s)
+        wait_s = jittered(self._outage_s)  # the group's consumers re-read apart, not together
+        log.warning("batch not committed (%s); re-reading it in %.2f s", exc, wait_s)
         self._rewinds.rewind(first)
-        time.sleep(self._outage_s)
+        time.sleep(wait_s)
 
     def _abandon(self) -> None:
         """Forget every batch held, flights read and dropped: what was claimed is MINE and

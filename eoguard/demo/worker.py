@@ -64,6 +64,7 @@ class Ledger:
 def _started(build: Callable[[], Any]) -> Any:
     """``build()`` retried while Redis or Kafka is unreachable (or Redis out of memory) at
     start, as a supervisor restarting the process would; gives up after two minutes."""
+    from eoguard.backoff import jittered  # noqa: PLC0415
     from eoguard.errors import UnavailableError  # noqa: PLC0415
 
     deadline = time.monotonic() + 120.0
@@ -74,7 +75,7 @@ def _started(build: Callable[[], Any]) -> Any:
             if time.monotonic() > deadline:
                 raise
             logging.getLogger("eoguard.demo.worker").warning("start failed, retrying: %s", exc)
-            time.sleep(1.0)
+            time.sleep(jittered(1.0))
 
 
 def _last_recovery(producer: Any) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import NamedTuple
 
+from eoguard.backoff import jittered
 from eoguard.config import ProducerConfig
 from eoguard.errors import EoguardError, StoreError
 from eoguard.kafka.producer import KafkaProducer, Producible
@@ -168,7 +169,7 @@ class OutboxWriter:
             log.warning("the outbox is unavailable; retrying: %s", exc)
         self.store_available = False
         self._backoff_s = min(max(self._backoff_s * 2, _BACKOFF_MIN_S), _BACKOFF_MAX_S)
-        self.retry_at = time.monotonic() + self._backoff_s
+        self.retry_at = time.monotonic() + jittered(self._backoff_s)
 
     def store_ok(self) -> None:
         if not self.store_available:

@@ -81,7 +81,8 @@ SENT_AGAIN = frozenset({Step.NOSCRIPT, Step.ASK, Step.MOVED, Step.TRYAGAIN})
 
 def tryagain_pause_s(passes: int) -> float:
     """The pause before the next pass after a TRYAGAIN, growing a little: 50 ms, then 5 ms more
-    a pass, at most 100 ms (the keys of a migrating slot move one MIGRATE at a time)."""
+    a pass, at most 100 ms (the keys of a migrating slot move one MIGRATE at a time); the caller
+    sleeps it jittered (:mod:`eoguard.backoff`)."""
     return min(0.05 + 0.005 * passes, 0.1)
 
 

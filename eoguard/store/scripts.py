@@ -23,6 +23,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
+from eoguard.backoff import jittered
 from eoguard.errors import StoreError, StoreUnavailableError
 from eoguard.store import redirects
 from eoguard.store.client import RedisClient, wrap_redis_error
@@ -194,7 +195,7 @@ class Scripts:
                     raise StoreError(f"Redis kept answering NOSCRIPT while {doing}")
                 self.load_all()
             if Step.TRYAGAIN in steps:
-                time.sleep(redirects.tryagain_pause_s(passes))
+                time.sleep(jittered(redirects.tryagain_pause_s(passes)))
             todo = again
         raise StoreUnavailableError(f"a hash slot kept moving while {doing}: retry")
 

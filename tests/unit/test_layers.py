@@ -2,7 +2,7 @@
 
 The layers, bottom first (a module may import its own package and any lower layer)::
 
-    errors, redaction, modes
+    errors, redaction, modes, backoff
     envelope, credentials, callbacks, offloop
     codec
     store
@@ -26,7 +26,7 @@ import eoguard
 PACKAGE = Path(eoguard.__file__).parent
 ROOT = PACKAGE.parent
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"errors", "redaction", "modes"}),
+    frozenset({"errors", "redaction", "modes", "backoff"}),
     frozenset({"envelope", "credentials", "callbacks", "offloop"}),
     frozenset({"codec"}),
     frozenset({"store"}),

@@ -27,6 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pyarrow as pa
 
+from eoguard.backoff import jittered
 from eoguard.store.claim_policy import BusyWait, ClaimPolicy, Verdict, spark_policy
 from eoguard.store.client import RedisClient
 from eoguard.store.dedup import Claim, ClaimReport, ClaimResult
@@ -179,7 +180,7 @@ class _Partition:
         settling = self.settings.give_up_busy
         while pending:
             if not wait.over():
-                time.sleep(wait.next_s(_BUSY_POLL_S, lease_left_ms))
+                time.sleep(wait.next_s(jittered(_BUSY_POLL_S), lease_left_ms))
             elif not settling:
                 break
             last = self.policy.gives_up(settling, wait)
