@@ -119,7 +119,7 @@ class CliContext:
     as_json: bool
     max_ttl_ms: int = DEFAULT_MAX_TTL_MS  # the prefix's recorded layout's, read on connect
     redis_url_explicit: bool = False  # given on the command line (not the default)
-    _client: redis.Redis[bytes] | None = field(default=None, repr=False)
+    _client: redis.Redis | None = field(default=None, repr=False)
 
     @classmethod
     def start(cls, ctx: click.Context, redis_url: str | None, *, prefix: str,
@@ -137,13 +137,13 @@ class CliContext:
         return KeySpace(prefix=self.prefix, shards=self.shards or DEFAULT_SHARDS,
                         max_ttl_ms=self.max_ttl_ms)
 
-    def client(self) -> redis.Redis[bytes]:
+    def client(self) -> redis.Redis:
         """A connected client (pinged once, so an unreachable Redis fails here, cleanly)."""
         if self._client is None:
             try:
                 # A Redis Cluster answers the same commands (RedisCluster routes them by key,
                 # SCAN goes to every master through eoguard.store.scan).
-                client = cast("redis.Redis[bytes]", connect(
+                client = cast("redis.Redis", connect(
                     self.redis_url, socket_connect_timeout=3.0, socket_timeout=30.0))
             except ValueError as exc:
                 raise BadInputError(

@@ -98,7 +98,7 @@ def effect_keys(keys: KeySpace, scope: str, name: str) -> tuple[str, ...]:
     return tuple(found[s] for s in sorted(found))
 
 
-def effect_counts(client: redis.Redis[bytes], keys: KeySpace, scope: str, name: str = HANDLED
+def effect_counts(client: redis.Redis, keys: KeySpace, scope: str, name: str = HANDLED
                   ) -> dict[str, int]:
     """The demo handler's per-message counts in one scope, summed over the shards' hashes."""
     pipe = client.pipeline(transaction=False)
@@ -111,12 +111,12 @@ def effect_counts(client: redis.Redis[bytes], keys: KeySpace, scope: str, name: 
     return counts
 
 
-def late_count(client: redis.Redis[bytes], keys: KeySpace, scope: str) -> int:
+def late_count(client: redis.Redis, keys: KeySpace, scope: str) -> int:
     """Handlings that ran after the message's expires_at (the handler records them)."""
     return sum(effect_counts(client, keys, scope, LATE).values())
 
 
-def handled_total(client: redis.Redis[bytes], keys: KeySpace, scope: str) -> int:
+def handled_total(client: redis.Redis, keys: KeySpace, scope: str) -> int:
     """How many distinct messages the scope handled (cheap: HLEN per shard hash)."""
     pipe = client.pipeline(transaction=False)
     for key in effect_keys(keys, scope, HANDLED):

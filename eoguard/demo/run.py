@@ -129,7 +129,7 @@ class Demo:
             self.event(f"started the local stack: {', '.join(up)}")
         self.run_dir.create()
         self._create_topics(ends.kafka_bootstrap)
-        client = cast("redis.Redis[bytes]", connect(ends.redis_url))  # or a RedisCluster
+        client = cast("redis.Redis", connect(ends.redis_url))  # or a RedisCluster
         self.event(f"topic {n.topic} ({o.partitions} partitions), Redis prefix {n.prefix}")
         # Steps 2 and 3.
         ledgers, injected = self._produce(ends, client, deadline)
@@ -159,7 +159,7 @@ class Demo:
         self._conclude(ends, client, ledgers=ledgers, guaranteed=guaranteed_ids, injected=injected,
                        spark_on=spark_on)
 
-    def _produce(self, ends: Endpoints, client: redis.Redis[bytes], deadline: float
+    def _produce(self, ends: Endpoints, client: redis.Redis, deadline: float
                  ) -> tuple[list[observe.LedgerView], Injected | None]:
         """Steps 2 and 3: run the producers (killing p1) while c1/c2 consume.
 
@@ -223,7 +223,7 @@ class Demo:
             self.event(f"SIGKILLed consumer c1 after {handled:,} handled; c2 takes over")
             self._consumer(ends, "c2")
 
-    def _wait_consumer(self, ends: Endpoints, client: redis.Redis[bytes], guaranteed: set[str],
+    def _wait_consumer(self, ends: Endpoints, client: redis.Redis, guaranteed: set[str],
                        deadline: float) -> None:
         while time.monotonic() < deadline:
             handled = observe.handled_total(client, self.keys, self.names.scope)
@@ -254,7 +254,7 @@ class Demo:
         else:
             self.report.spark = "ran"
 
-    def _conclude(self, ends: Endpoints, client: redis.Redis[bytes], *,
+    def _conclude(self, ends: Endpoints, client: redis.Redis, *,
                   ledgers: list[observe.LedgerView], guaranteed: set[str], injected: Injected,
                   spark_on: bool) -> None:
         report, n = self.report, self.names

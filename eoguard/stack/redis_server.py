@@ -87,7 +87,7 @@ class RedisServer(ManagedProcess):
     def command(self) -> list[str]:
         return [ensure_redis_server(), str(self.workdir / "redis.conf")]
 
-    def client(self, timeout_s: float = 0.5) -> redis.Redis[bytes]:
+    def client(self, timeout_s: float = 0.5) -> redis.Redis:
         """A client of this node alone that fails at once (no retries) when it is down."""
         # No retries: redis-py's default retry policy spends ~3.7 s on one refused connection.
         return redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=timeout_s,

@@ -12,7 +12,7 @@ from typing import Any, Protocol, cast
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import OutOfMemoryError  # type: ignore[attr-defined]  # stubs predate it
+from redis.exceptions import OutOfMemoryError
 
 from eoguard.credentials import redis_login
 from eoguard.errors import (
@@ -95,7 +95,7 @@ def connect(url: str, *, cluster: bool | None = None, **options: Any) -> RedisCl
     """
     options = {**redis_login(url, options.get("username"), options.get("password")), **options}
     if not cluster:
-        client: redis.Redis[bytes] = redis.Redis.from_url(url, **options)
+        client: redis.Redis = redis.Redis.from_url(url, **options)
         if cluster is False or not cluster_mode(client):
             return client
         client.close()

@@ -112,7 +112,7 @@ class Redirects:
         if not isinstance(client, RedisCluster):
             raise TypeError("redirects are a Redis Cluster's")
         self._client = client
-        self._cluster: RedisCluster[Any] = client
+        self._cluster: RedisCluster = client
         self._sources = sources  # every eoguard script, for a master that holds none
 
     def route(self, keys: Sequence[str]) -> dict[str, Any]:
@@ -214,7 +214,7 @@ class Redirects:
                     results[j] = result
         return results
 
-    def _asking(self, node: redis.Redis[bytes], commands: Sequence[Sequence[Any]], doing: str,
+    def _asking(self, node: redis.Redis, commands: Sequence[Sequence[Any]], doing: str,
                 wait: ReplicaWait | None) -> list[Any]:
         pipe: Any = node.pipeline(transaction=False)
         for command in commands:
@@ -231,7 +231,7 @@ class Redirects:
             replies = replies[:-1]
         return replies[1::2]
 
-    def _load_all(self, node: redis.Redis[bytes], doing: str) -> None:
+    def _load_all(self, node: redis.Redis, doing: str) -> None:
         pipe: Any = node.pipeline(transaction=False)
         for source in self._sources():
             pipe.script_load(source)
@@ -241,7 +241,7 @@ class Redirects:
             raise wrap_redis_error(exc, f"loading eoguard's Lua scripts while {doing}") from exc
 
     @contextlib.contextmanager
-    def _master(self, host: str, port: int) -> Iterator[redis.Redis[bytes]]:
+    def _master(self, host: str, port: int) -> Iterator[redis.Redis]:
         """A client of the master at ``host:port``: redis-py's when its slot map names it, else
         one of its own (same options), closed after."""
         nodes: Any = self._cluster.nodes_manager
@@ -250,7 +250,7 @@ class Redirects:
         if known is not None:
             yield self._cluster.get_redis_connection(known)
             return
-        own: redis.Redis[bytes] = nodes.create_redis_node(
+        own: redis.Redis = nodes.create_redis_node(
             host, port, maint_notifications_config=nodes.maint_notifications_config,
             **nodes.connection_kwargs)
         try:

@@ -120,7 +120,7 @@ def _transient(client: RedisClient, short: dict[str, int], replicas: int) -> str
     if not isinstance(client, RedisCluster):
         return None
     try:
-        nodes: Any = client.cluster_nodes()  # type: ignore[no-untyped-call]
+        nodes: Any = client.cluster_nodes()
         primaries = client.get_primaries()
         ids = []
         for name in short:  # "redis": INFO's reply of a cluster with one primary
@@ -128,7 +128,7 @@ def _transient(client: RedisClient, short: dict[str, int], replicas: int) -> str
                 else primaries[0]
             if node is None:
                 return None
-            ids.append(reply_text(client.execute_command(  # type: ignore[no-untyped-call]
+            ids.append(reply_text(client.execute_command(
                 "CLUSTER MYID", target_nodes=node)))
     except redis.RedisError as exc:
         raise wrap_redis_error(exc, "reading CLUSTER NODES") from exc
