@@ -135,7 +135,7 @@ def check(report: DemoReport, malformed_positions: Iterable[tuple[int, int]],
 
 def render(report: DemoReport) -> list[Any]:
     """Rich renderables: the summary and one row per scope."""
-    from rich.table import Table  # noqa: PLC0415 - the CLI's dependency, not the package's
+    from rich.table import Table  # noqa: PLC0415 - only the demo's report renders tables
 
     summary = Table(title=f"eoguard demo {report.run_id}", title_justify="left", show_header=False)
     summary.add_column("what", style="bold")

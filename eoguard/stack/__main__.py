@@ -1,4 +1,4 @@
-"""``python -m eoguard.stack up|down|status|install``: drive the local stack without the CLI extra."""
+"""``python -m eoguard.stack up|down|status|install``: drive the local stack without click."""
 
 from __future__ import annotations
 

@@ -68,6 +68,26 @@ def test_command_line_maps_to_options() -> None:
     assert opts.kafka_options == {"kafka.security.protocol": "SSL"}
     assert not opts.ack_outbox
     assert opts.idempotent_sink
+
+
+def test_command_line_endpoints_come_from_the_flags_then_the_environment_then_the_stack(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    base = ["--topic", "a", "--scope", "s", "--checkpoint", "/c", "--output", "/o"]
+    monkeypatch.setenv("EOGUARD_TOPOLOGY", "single")
+    for name in ("EOGUARD_KAFKA_BOOTSTRAP", "EOGUARD_REDIS_URL", "EOGUARD_KAFKA_PORT",
+                 "EOGUARD_REDIS_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    stack = options_from(parser().parse_args(base))
+    assert (stack.bootstrap, stack.redis_url) == ("127.0.0.1:19092", "redis://127.0.0.1:16379/0")
+    assert stack.redis_url == JobOptions(bootstrap="k", topics=("t",), scope="s",
+                                         checkpoint="/c").redis_url  # the library's default
+    monkeypatch.setenv("EOGUARD_KAFKA_BOOTSTRAP", "env:9092")
+    monkeypatch.setenv("EOGUARD_REDIS_URL", "redis://env:6379/1")
+    env = options_from(parser().parse_args(base))
+    assert (env.bootstrap, env.redis_url) == ("env:9092", "redis://env:6379/1")
+    flags = options_from(parser().parse_args([*base, "--bootstrap", "f:9092",
+                                              "--redis-url", "redis://f:6379/2"]))
+    assert (flags.bootstrap, flags.redis_url) == ("f:9092", "redis://f:6379/2")
     bad = parser().parse_args(["--bootstrap", "k", "--topic", "a", "--scope", "s",
                                "--checkpoint", "/c", "--output", "/o", "--kafka-option", "oops"])
     with pytest.raises(ConfigError, match="KEY=VALUE"):

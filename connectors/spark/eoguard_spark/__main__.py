@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from eoguard.codec import InputLimits
-from eoguard.errors import ConfigError, SecurityError
+from eoguard.errors import ConfigError, SecurityError, StackError
 from eoguard.store.keys import DEFAULT_MAX_TTL_MS, DEFAULT_PREFIX, DEFAULT_SHARDS
 from eoguard_spark.options import AvroFraming, DedupMode, JobOptions, PlainFormat, PlainOptions
 
@@ -30,7 +30,8 @@ def parser() -> argparse.ArgumentParser:
                     "expiry -> dedup (a consumer scope's Redis keys, or Spark's watermark) -> "
                     "idempotent per-batch Parquet.")
     add = p.add_argument
-    add("--bootstrap", required=True, help="Kafka bootstrap servers")
+    add("--bootstrap", help="Kafka bootstrap servers [default: $EOGUARD_KAFKA_BOOTSTRAP, else the "
+                            "local stack's, 127.0.0.1:19092]")
     add("--topic", dest="topics", action="append", required=True,
         help="topic to read (repeat for several)")
     add("--scope", required=True, help="consumer scope to join (dedup namespace)")
@@ -39,7 +40,8 @@ def parser() -> argparse.ArgumentParser:
         help="Parquet output directory (one batch_id=N directory per micro-batch)")
     add("--dead-letter", dest="dead_letter_path",
         help="Parquet directory for malformed (and expired) records, with the reason")
-    add("--redis-url", default="redis://127.0.0.1:6379/0", help="Redis holding the dedup keys")
+    add("--redis-url", help="Redis holding the dedup keys [default: $EOGUARD_REDIS_URL, else the "
+                            "local stack's, redis://127.0.0.1:16379/0]")
     add("--key-prefix", default=DEFAULT_PREFIX, help="Redis key prefix (as the scope's consumers)")
     add("--key-shards", type=int, default=DEFAULT_SHARDS, help="dedup shards per scope")
     add("--max-ttl-s", type=float, default=DEFAULT_MAX_TTL_MS / 1000,
@@ -137,8 +139,23 @@ def _pairs(items: list[str], option: str) -> dict[str, str]:
     return out
 
 
+def endpoints(args: argparse.Namespace) -> tuple[str, str]:
+    """Kafka and Redis as the ``eoguard`` command finds them: the flag, else
+    ``EOGUARD_KAFKA_BOOTSTRAP`` / ``EOGUARD_REDIS_URL``, else the local stack's."""
+    if args.bootstrap is not None and args.redis_url is not None:
+        return args.bootstrap, args.redis_url
+    from eoguard.stack import LocalStack  # noqa: PLC0415 - only when a flag is missing
+
+    try:
+        ends = LocalStack().endpoints()
+    except StackError as exc:  # an unknown EOGUARD_TOPOLOGY
+        raise ConfigError(str(exc)) from exc
+    return args.bootstrap or ends.kafka_bootstrap, args.redis_url or ends.redis_url
+
+
 def options_from(args: argparse.Namespace) -> JobOptions:
     kafka = _pairs(args.kafka_option, "--kafka-option")
+    bootstrap, redis_url = endpoints(args)
     plain = None
     if args.plain_format is not None:
         if args.plain_id_namespace is None or args.plain_ttl_s is None:
@@ -151,9 +168,9 @@ def options_from(args: argparse.Namespace) -> JobOptions:
                                                        "--plain-avro-schema"),
                              avro_framing=args.plain_avro_framing)
     return JobOptions(
-        bootstrap=args.bootstrap, topics=tuple(args.topics), scope=args.scope,
+        bootstrap=bootstrap, topics=tuple(args.topics), scope=args.scope,
         checkpoint=args.checkpoint, output_path=args.output_path,
-        dead_letter_path=args.dead_letter_path, redis_url=args.redis_url,
+        dead_letter_path=args.dead_letter_path, redis_url=redis_url,
         key_prefix=args.key_prefix, key_shards=args.key_shards,
         max_ttl_ms=int(args.max_ttl_s * 1000), dedup=DedupMode(args.dedup),
         payload_schema=args.payload_schema, schema_dir=args.schema_dir,

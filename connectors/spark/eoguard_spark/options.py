@@ -187,7 +187,9 @@ class JobOptions:
     checkpoint: str
     output_path: str | None = None
     dead_letter_path: str | None = None
-    redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)
+    # The local stack's Redis, as python -m eoguard_spark's last resort; the library reads no
+    # EOGUARD_* endpoint variable (docs/operations.md).
+    redis_url: str = field(default="redis://127.0.0.1:16379/0", repr=False)
     key_prefix: str = DEFAULT_PREFIX
     key_shards: int = DEFAULT_SHARDS
     max_ttl_ms: int = DEFAULT_MAX_TTL_MS
