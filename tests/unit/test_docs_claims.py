@@ -234,12 +234,13 @@ def test_the_command_check_can_fail(roots: dict[str, click.Command]) -> None:
             "eoguard outbox lst\n.venv/bin/python -m eoguard_spark --bootstrap b \\\n"
             "    --topics t  # --no-such-flag in a comment is not checked\n```\n"
             "and `eoguard --prefix demo-1 status --json`, `eoguard --prefx status`,\n"
-            "`eoguard stack up|down [--clean]|stats`, `eoguard demo --spark/--no-spork`.\n")
+            "`eoguard-dev stack up|down [--clean]|stats`, `eoguard-dev demo --spark/--no-spork`,\n"
+            "`eoguard stack up` (a command of eoguard-dev only).\n")
     problems = [p for line in command_lines(page, roots) for p in check_line(line, roots)]
     assert problems == ["eoguard outbox list: no option --colour", "eoguard outbox: no command lst",
                         "python -m eoguard_spark: no option --topics",
-                        "eoguard: no option --prefx", "eoguard stack up|down: no command stats",
-                        "eoguard demo: no option --no-spork"]
+                        "eoguard: no option --prefx", "eoguard-dev stack up|down: no command stats",
+                        "eoguard-dev demo: no option --no-spork", "eoguard: no command stack"]
 
 
 # -- the layer list -----------------------------------------------------------------------
