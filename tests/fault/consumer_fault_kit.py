@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 import redis
@@ -19,12 +20,15 @@ WORKERS = Path(__file__).resolve().parent / "workers"
 
 
 class Worker:
-    """A worker script in a subprocess whose stdout lines arrive on a queue."""
+    """A worker script in a subprocess whose stdout lines arrive on a queue (``script``: a
+    name in tests/fault/workers, or a path; ``env``: the process's whole environment)."""
 
-    def __init__(self, script: str, *args: str, log: Path) -> None:
+    def __init__(self, script: str | Path, *args: str, log: Path,
+                 env: Mapping[str, str] | None = None) -> None:
         self.log = log.open("a")
         self.proc = subprocess.Popen([sys.executable, str(WORKERS / script), *args],
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     env=env)
         self.lines: queue.Queue[str] = queue.Queue()
         self._pump_thread = threading.Thread(target=self._pump, daemon=True)
         self._pump_thread.start()
@@ -59,6 +63,11 @@ class Worker:
     def stop(self) -> None:
         self.proc.terminate()
         self._reap(60)
+
+    def wait(self, timeout_s: float = 60.0) -> int:
+        """The exit code of a worker that ends by itself."""
+        self._reap(timeout_s)
+        return self.proc.returncode
 
     def _reap(self, timeout_s: float) -> None:
         self.proc.wait(timeout_s)

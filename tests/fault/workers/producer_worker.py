@@ -7,9 +7,10 @@ process with SIGKILL at a random point and checks that every reported id reaches
     python tests/fault/workers/producer_worker.py --bootstrap B --redis URL --prefix P \\
         --topic T --mode persist-first --report FILE [--rate N] [--lease-s S]
 
-With ``--orders N`` it sends orders 0..N-1 once each, under ids derived from the order
-number (``message_id_for("orders", ...)``), as an application that may send the same order
-again after its own crash; then it waits until all are guaranteed and exits. With
+With ``--orders N`` it sends orders 0..N-1 (``--first F``: F..F+N-1) once each, under ids
+derived from the order number (``message_id_for("orders", ...)``), as an application that
+may send the same order again after its own crash; then it waits until all are guaranteed
+and exits. With
 ``--until-file F`` it sends until F exists, then closes (flushing what is in flight) and exits.
 """
 
@@ -38,6 +39,7 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--orders", type=int, default=0,
                         help="send this many orders keyed by order number, then exit")
+    parser.add_argument("--first", type=int, default=0, help="with --orders: the first number")
     parser.add_argument("--recover", action="store_true", help="recover on start")
     parser.add_argument("--until-file", default="",
                         help="stop sending once this file exists, close the producer, exit")
@@ -62,12 +64,12 @@ def main() -> None:
     started = time.monotonic()
     if args.orders:
         handles = []
-        for i in range(args.orders):
+        for i in range(args.first, args.first + args.orders):
             number = f"order-{i:06d}"
             handles.append(producer.send(args.topic, number.encode(), key=number,
                                          message_id=message_id_for("orders", number)))
             if args.rate and i % 10 == 0:
-                ahead = i / args.rate - (time.monotonic() - started)
+                ahead = (i - args.first) / args.rate - (time.monotonic() - started)
                 if ahead > 0:
                     time.sleep(ahead)
         producer.close()
