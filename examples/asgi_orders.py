@@ -20,12 +20,12 @@ order now (Redis or Kafka unavailable, queue full, shutting down): the client ma
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 from collections.abc import AsyncIterator
 
 import uvicorn
+from stack_args import stack_parser
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -79,12 +79,8 @@ def create_app(config: ProducerConfig, topic: str) -> Starlette:
                              Route("/health", health)], lifespan=lifespan)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers")
-    parser.add_argument("--redis", required=True, help="Redis URL of the outbox")
-    parser.add_argument("--topic", required=True)
-    parser.add_argument("--prefix", default="eoguard", help="Redis key prefix")
+def main(argv: list[str] | None = None) -> None:
+    parser = stack_parser(__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--lease-s", type=float, default=10.0,
@@ -92,7 +88,7 @@ def main() -> None:
     parser.add_argument("--recover-interval-s", type=float, default=5.0)
     parser.add_argument("--linger-ms", type=int, default=5,
                         help="librdkafka's linger.ms: how long a record may wait for a batch")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     config = ProducerConfig(kafka={"bootstrap.servers": args.bootstrap,
                                    "linger.ms": args.linger_ms},
                             redis=RedisConfig(url=args.redis),

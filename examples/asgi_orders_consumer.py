@@ -20,12 +20,13 @@ Per order (its message id ``mid``, ``message_id_for("orders", order_id)``) it wr
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
 import signal
 from collections.abc import Awaitable, Callable
+
+from stack_args import stack_parser
 
 from eoguard import AsyncGuardedConsumer, ConsumerConfig, HandlerContext, KeySpace, RedisConfig
 
@@ -63,18 +64,14 @@ async def consume(config: ConsumerConfig, *, concurrency: int, timeout_s: float,
         print(f"stopped {consumer.stats()}", flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers")
-    parser.add_argument("--redis", required=True, help="Redis URL of the dedup keys")
-    parser.add_argument("--topic", required=True)
+def main(argv: list[str] | None = None) -> None:
+    parser = stack_parser(__doc__.split("\n")[0])
     parser.add_argument("--group", required=True, help="the Kafka consumer group")
     parser.add_argument("--scope", default="billing", help="the dedup scope")
-    parser.add_argument("--prefix", default="eoguard", help="Redis key prefix")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--timeout-s", type=float, default=10.0)
     parser.add_argument("--charge-ms", type=float, default=5.0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     config = ConsumerConfig(kafka={"bootstrap.servers": args.bootstrap, "group.id": args.group},
                             redis=RedisConfig(url=args.redis), scope=args.scope,
                             topics=(args.topic,), keyspace=KeySpace(prefix=args.prefix))
