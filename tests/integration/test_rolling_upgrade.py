@@ -10,7 +10,7 @@ Steps, as an operator upgrades (docs/compatibility.md): an old and a new consume
 group; an old and a new producer send orders 0..599 and 400..999 at once (400..599 twice,
 under the same ids); the old consumer is stopped; the new producer sends 1000..1199. Every
 order's effect (a counter, applied with its done mark) is 1, the group committed every
-record, and the consumers acknowledged every outbox record of either release.
+record, and the outbox record of every order sent once, by either producer, is acknowledged.
 """
 
 from __future__ import annotations
