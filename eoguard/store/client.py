@@ -8,7 +8,7 @@ must return bytes (``decode_responses=False``): outbox records hold binary Avro 
 from __future__ import annotations
 
 import ssl
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import redis
 from redis.cluster import RedisCluster
@@ -99,8 +99,7 @@ def connect(url: str, *, cluster: bool | None = None, **options: Any) -> RedisCl
         if cluster is False or not cluster_mode(client):
             return client
         client.close()
-    # The stubs of types-redis lack RedisCluster.script_load; redis-py has it (all primaries).
-    return cast("RedisClient", RedisCluster.from_url(url, **options))
+    return RedisCluster.from_url(url, **options)
 
 
 def cluster_mode(client: RedisClient) -> bool:
