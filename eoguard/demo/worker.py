@@ -35,7 +35,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from eoguard.store.keys import KeySpace
 
 EFFECT_TTL_MS = 3_600_000
 
@@ -126,7 +129,7 @@ def _producer_config(args: argparse.Namespace, keys: Any) -> Any:
         redis=RedisConfig(url=args.redis_url, durability=args.durability),
         mode=PersistenceMode(args.mode), keep_until=KeepUntil.CONSUMED,
         resend_after_s=args.resend_after_s, lease_s=args.lease_s, recover_interval_s=0.5,
-        keyspace=keys, instance_id=f"{args.name}-{os.getpid()}")
+        default_ttl_s=args.ttl_s, keyspace=keys, instance_id=f"{args.name}-{os.getpid()}")
 
 
 def run_producer(args: argparse.Namespace) -> int:
@@ -136,11 +139,10 @@ def run_producer(args: argparse.Namespace) -> int:
     from eoguard.errors import EoguardError  # noqa: PLC0415
     from eoguard.producer.guarded import GuardedProducer  # noqa: PLC0415
     from eoguard.producer.messages import SendHandle  # noqa: PLC0415
-    from eoguard.store.keys import KeySpace  # noqa: PLC0415
     from eoguard.store.outbox import Outbox  # noqa: PLC0415
 
     ledger = Ledger(Path(args.ledger))
-    keys = KeySpace(prefix=args.prefix)
+    keys = _keyspace(args)
     config = _producer_config(args, keys)
     producer = _started(lambda: GuardedProducer(
         config, on_guaranteed=lambda h: ledger.write(f"G {h.id}"),
@@ -204,7 +206,6 @@ def run_consumer(args: argparse.Namespace) -> int:
     from eoguard.consumer.handler import HandlerContext  # noqa: PLC0415
     from eoguard.demo.plan import HANDLED, LATE  # noqa: PLC0415
     from eoguard.errors import ConsumerFencedError, EoguardError  # noqa: PLC0415
-    from eoguard.store.keys import KeySpace  # noqa: PLC0415
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -225,7 +226,7 @@ def run_consumer(args: argparse.Namespace) -> int:
                "group.instance.id": args.instance, "session.timeout.ms": 10_000},
         redis=RedisConfig(url=args.redis_url, durability=args.durability), scope=args.scope,
         topics=(args.topic,), dead_letter_topic=args.dead_letter_topic,
-        keyspace=KeySpace(prefix=args.prefix), lease_s=args.lease_s, busy_wait_s=10.0,
+        keyspace=_keyspace(args), lease_s=args.lease_s, busy_wait_s=10.0,
         max_retries=2, grace_s=args.grace_s)
     consumer = _started(lambda: GuardedConsumer(config, handler=handle))
     stats_path = Path(args.stats)
@@ -250,6 +251,15 @@ def run_consumer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _keyspace(args: argparse.Namespace) -> KeySpace:
+    """The key prefix of the run, with the max_ttl every process of it must agree on."""
+    from eoguard.store.keys import KeySpace  # noqa: PLC0415
+
+    if args.max_ttl_s is None:
+        return KeySpace(prefix=args.prefix)
+    return KeySpace(prefix=args.prefix, max_ttl_ms=round(args.max_ttl_s * 1000))
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eoguard.demo.worker")
     sub = p.add_subparsers(dest="role", required=True)
@@ -258,6 +268,9 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--bootstrap", required=True)
         s.add_argument("--redis-url", required=True)
         s.add_argument("--prefix", required=True)
+        s.add_argument("--max-ttl-s", type=float, default=None,
+                       help="the key prefix's max_ttl (every process of a prefix agrees on it); "
+                            "default: KeySpace's")
         s.add_argument("--topic", required=True)
         s.add_argument("--stats", required=True)
         s.add_argument("--durability", choices=("local", "replicated"), default="local")

@@ -15,17 +15,13 @@ from dataclasses import dataclass, field
 
 import redis
 
+from eoguard.codec.rules import InputLimits
 from eoguard.demo import observe
 from eoguard.demo.inject import Injected
-from eoguard.envelope import now_ms
 from eoguard.store.keys import KeySpace
 from eoguard.store.outbox_admin import sweep_index
 from tests.fault.chaos.clock import Skew
-from tests.fault.chaos.workload import LONG_TTL_S, SCOPES, SHORT_TTL_S
-
-# Keys of the key prefix itself, not of a message: the outbox index, the layout (no TTL by
-# design) and the liveness registries (a TTL renewed by the live producers and consumers).
-_STRUCTURAL = (":idx", ":meta:{layout}", ":live:{producers}", ":live:{consumers}")
+from tests.fault.chaos.workload import AHEAD_TTL_S, LONG_TTL_S, SCOPES, SHORT_TTL_S
 
 
 @dataclass
@@ -175,26 +171,119 @@ def spark(c: Counts, ledgers: list[observe.LedgerView], injected: Injected,
                                   f"before {where} had them, e.g. {sorted(stalled)[:3]}")
 
 
-def key_lifetimes(client: redis.Redis, keys: KeySpace, last_expiry_ms: int, grace_ms: int
-                  ) -> list[str]:
-    """Invariant 6: every key of the run's prefix (handler effects aside) expires by the run's
-    last expires_at plus grace; structural keys alone may live without a TTL."""
-    bound = last_expiry_ms + grace_ms + 1000
-    out = []
+@dataclass
+class Lifetimes:
+    """What the invariant 6 check read: keys per kind, messages, the closest any value came to
+    its bound (ms; negative: past it), and every key or message past its bound."""
+
+    max_ttl_ms: int
+    grace_ms: int
+    allowance_ms: int
+    kinds: Counter[str] = field(default_factory=Counter)
+    messages: int = 0
+    clamped: int = 0  # long-TTL messages of a producer running ahead, their expiry cut
+    closest_ms: dict[str, int] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+
+    def near(self, check: str, bound: int, value: int) -> int:
+        """Note how close ``value`` came to ``bound`` under ``check``; the margin."""
+        margin = bound - value
+        self.closest_ms[check] = min(margin, self.closest_ms.get(check, margin))
+        return margin
+
+    def line(self) -> str:
+        kinds = ",".join(f"{k}={n}" for k, n in sorted(self.kinds.items()))
+        closest = ",".join(f"{k}={v}" for k, v in sorted(self.closest_ms.items()))
+        return (f"invariant 6: max_ttl={self.max_ttl_ms}ms grace={self.grace_ms}ms "
+                f"allowance={self.allowance_ms}ms keys[{kinds}] messages={self.messages} "
+                f"(clamped ahead={self.clamped}) closest_ms[{closest}] "
+                f"violations={len(self.violations)}")
+
+
+def key_lifetimes(client: redis.Redis, keys: KeySpace, ledgers: list[observe.LedgerView],
+                  skews: Sequence[Skew], grace_ms: int) -> Lifetimes:
+    """Invariant 6 at the end of a run: every key of the run's prefix (handler effects aside)
+    read with PTTL and held to its bound (:func:`judge_lifetimes`)."""
     names = [k for k in client.scan_iter(match=keys.pattern(), count=1000) if b":fx:" not in k]
+    seconds, micros = client.time()
+    read_ms = int(seconds) * 1000 + int(micros) // 1000  # before any PTTL: expiries underrated
     pipe = client.pipeline(transaction=False)
     for name in names:
-        pipe.pexpiretime(name)
-    for name, at in zip(names, pipe.execute(), strict=True):
-        text = name.decode()
-        if text.endswith(_STRUCTURAL):  # the key prefix's own: within max_ttl + grace at most
-            if at > now_ms() + keys.max_ttl_ms + grace_ms:
-                out.append(f"invariant 6: {text} lives past max_ttl plus grace")
-        elif at == -1:
-            out.append(f"invariant 6: {text} has no TTL")
-        elif at > bound:
-            out.append(f"invariant 6: {text} lives {at - last_expiry_ms} ms past the last expiry")
+        pipe.pttl(name)
+    ttls = [(name.decode(), int(ttl)) for name, ttl in zip(names, pipe.execute(), strict=True)]
+    expires: dict[str, int] = {}
+    for ledger in ledgers:
+        expires.update(ledger.expires_ms)
+    ahead = {m: s.skew_ms for s in skews if s.role == "producer" for m in s.ids}
+    return judge_lifetimes(ttls, read_ms, keys.max_ttl_ms, grace_ms, expires, ahead)
+
+
+def judge_lifetimes(ttls: Sequence[tuple[str, int]], read_ms: int, max_ttl_ms: int, grace_ms: int,
+                    expires: dict[str, int], skew_of: dict[str, int]) -> Lifetimes:
+    """Invariant 6 as docs/design.md §4 and §5 (Clocks) state it, with the clock-skew allowance:
+
+    - each message's ``expires_at`` at most max_ttl + allowance after it was sent by the real
+      clock (its UUIDv7 time less its producer's skew): a producer ahead clamps to Redis's now
+      plus max_ttl, from a lead it never overstates;
+    - each key's PTTL at most max_ttl (outbox records and indexes: no grace) or max_ttl + grace
+      (claims, batch records, re-owned and passed hashes, liveness sets); no TTL only on the
+      layout record;
+    - an outbox record expiring by its message's ``expires_at``, a claim by ``expires_at`` +
+      grace, and every other key of a message by the run's last ``expires_at`` + grace.
+
+    ``ttls`` are (key, PTTL) read after ``read_ms`` (Redis's clock), so ``read_ms + PTTL`` never
+    overstates an expiry."""
+    allowance_ms = InputLimits().within_grace(grace_ms).clock_skew_ms
+    out = Lifetimes(max_ttl_ms, grace_ms, allowance_ms)
+    for m, at in expires.items():
+        sent_ms = _created_ms(m) - skew_of.get(m, 0)
+        out.messages += 1
+        asked_ms = at - _created_ms(m)  # by its producer's clock
+        out.clamped += (skew_of.get(m, 0) > 0 and (SHORT_TTL_S + 1) * 1000 < asked_ms
+                        < AHEAD_TTL_S * 1000 - 200)
+        if out.near("expires_at-sent", max_ttl_ms + allowance_ms, at - sent_ms) < 0:
+            out.violations.append(f"invariant 6: message {m} expires {at - sent_ms} ms after it "
+                                  f"was sent, past max_ttl plus the allowance")
+    # A message sent just before its producer's SIGKILL has no expiry in the ledger: the one
+    # before it (tens of ms earlier) bounds it, with a second to spare.
+    last_ms = max(expires.values(), default=read_ms) + 1000
+    for name, ttl in ttls:
+        kind = _kind(name)
+        out.kinds[kind] += 1
+        if ttl == -2:  # expired between SCAN and PTTL
+            continue
+        if ttl == -1:
+            if kind != "layout":
+                out.violations.append(f"invariant 6: {name} has no TTL")
+            continue
+        bound = max_ttl_ms if kind in ("record", "index") else max_ttl_ms + grace_ms
+        if out.near("pttl", bound, ttl) < 0:
+            out.violations.append(f"invariant 6: {name} has PTTL {ttl} ms, past its bound "
+                                  f"{bound} ms")
+        at = read_ms + ttl
+        message = expires.get(name.rsplit(":", 1)[1])
+        if kind == "record" and message is not None:
+            past = -out.near("record-expires_at", message, at)
+        elif kind == "claim" and message is not None:
+            past = -out.near("claim-expires_at+grace", message + grace_ms, at)
+        elif kind not in ("index", "layout", "live"):
+            past = -out.near("last-expires_at+grace", last_ms + grace_ms, at)
+        else:
+            continue
+        if past > 0:
+            out.violations.append(f"invariant 6: {name} expires {past} ms past its message's "
+                                  f"bound")
     return out
+
+
+_KINDS = ((":r:", "record"), (":dc:", "claim"), (":db:", "batch"), (":dr:", "reowned"),
+          (":dp:", "passed"), (":live:", "live"), (":meta:", "layout"))
+
+
+def _kind(name: str) -> str:
+    if name.endswith(":idx"):
+        return "index"
+    return next((kind for infix, kind in _KINDS if infix in name), "other")
 
 
 def leftovers(client: redis.Redis, keys: KeySpace, expired: set[str] | None = None) -> list[str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from eoguard.demo import observe
 from eoguard.demo.plan import ORDER_SCHEMA
 from eoguard.envelope import now_ms
-from tests.fault.chaos.workload import GRACE_S, Run
+from tests.fault.chaos.workload import GRACE_S, MAX_TTL_S, Run
 
 ROOT = Path(__file__).resolve().parents[3]
 SCOPE = "spark"
@@ -43,6 +43,7 @@ class SparkScope:
                  "--output", str(self.folder / "out"),
                  "--dead-letter", str(self.folder / "dead-letter"),
                  "--redis-url", self.run.redis_url, "--key-prefix", self.run.prefix,
+                 "--max-ttl-s", f"{MAX_TTL_S:g}",
                  "--payload-schema", ORDER_SCHEMA, "--available-now",
                  "--max-offsets-per-trigger", "2000", "--master", "local[2]",
                  "--lease-s", "60", "--busy-wait-s", "20", "--grace-s", str(GRACE_S)],

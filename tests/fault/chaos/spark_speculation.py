@@ -43,7 +43,7 @@ from pathlib import Path
 from eoguard.demo import observe
 from eoguard.demo.plan import ORDER_SCHEMA
 from eoguard.envelope import now_ms
-from tests.fault.chaos.workload import GRACE_S, Run
+from tests.fault.chaos.workload import GRACE_S, MAX_TTL_S, Run
 from tests.spark import straggler_site
 from tests.spark.standalone import StandaloneCluster
 from tests.spark.test_speculation import SPECULATION, Attempt, task_attempts
@@ -129,6 +129,7 @@ class SpeculatingSpark:
                  "--output", str(self.folder / "out"),
                  "--dead-letter", str(self.folder / "dead-letter"),
                  "--redis-url", self.run.redis_url, "--key-prefix", self.run.prefix,
+                 "--max-ttl-s", f"{MAX_TTL_S:g}",
                  "--payload-schema", ORDER_SCHEMA, "--trigger", "3 seconds",
                  "--max-offsets-per-trigger", "2500", "--shuffle-partitions", "2",
                  "--lease-s", "60", "--busy-wait-s", "5", "--grace-s", str(GRACE_S)],

@@ -53,7 +53,15 @@ from tests.fault.chaos.schedule import FULL_WINDOW_S, NET_FAULTS, schedule
 from tests.fault.chaos.spark_scope import SparkScope
 from tests.fault.chaos.spark_speculation import SCOPE as SPARK_SCOPE
 from tests.fault.chaos.spark_speculation import SpeculatingSpark
-from tests.fault.chaos.workload import GRACE_S, MESSAGE_TIMEOUT_MS, RESEND_AFTER_S, SCOPES, Run, Workload
+from tests.fault.chaos.workload import (
+    GRACE_S,
+    LONG_TTL_S,
+    MESSAGE_TIMEOUT_MS,
+    RESEND_AFTER_S,
+    SCOPES,
+    Run,
+    Workload,
+)
 
 DRAIN_S = 120.0
 EXTRA_SEND_S = {"redis-reshard": 60.0}
@@ -125,12 +133,12 @@ def test_seeded_schedule_keeps_section_10(seed: int, topology: str, request: pyt
         assert isinstance(stack.redis, RedisClusterNodes)
         run = Run(ends.kafka_bootstrap, ends.redis_url, "replicated", tmp_path)
         services = Cluster(stack.kafka, stack.redis, run.topic, run.redis_url,
-                           run_slots(KeySpace(prefix=run.prefix), SCOPES),
+                           run_slots(run.keys, SCOPES),
                            reshard_weight=1.0 if window_s >= FULL_WINDOW_S else CI_RESHARD_WEIGHT)
         services.healthy()
         ports = {"redis_ports": [n.port for n in [*stack.redis.servers, *stack.redis.added_nodes()]],
                  "kafka_ports": [n.port for n in services.brokers()]}
-    keys = KeySpace(prefix=run.prefix)
+    keys = run.keys
     # The producers send through a full-mode resharding (a minute and more on two cores), so the
     # faults it delays still find them sending.
     send_s = window_s + sum(EXTRA_SEND_S.get(f.kind, 0.0) for f in plan
@@ -187,7 +195,9 @@ def test_seeded_schedule_keeps_section_10(seed: int, topology: str, request: pyt
         violations = counts.violations() + services.violations
         if speculating is not None:
             violations += speculating.violations
-        violations += checker.key_lifetimes(client, keys, last_expiry, int(GRACE_S * 1000))
+        lifetimes = checker.key_lifetimes(client, keys, ledgers, work.skews, int(GRACE_S * 1000))
+        print(f"  {lifetimes.line()}", flush=True)
+        violations += lifetimes.violations
         if window_s >= FULL_WINDOW_S:  # full mode: every message of the run expired plus grace
             time.sleep(max(0.0, (last_expiry + GRACE_S * 1000 - now_ms()) / 1000 + 1.0))
             violations += checker.leftovers(client, keys)
@@ -210,6 +220,7 @@ def test_seeded_schedule_keeps_section_10(seed: int, topology: str, request: pyt
     if log:
         with open(log, "a") as f:
             f.write(line + "\n")
+            f.write(f"    {lifetimes.line()}\n")
             for v in violations:
                 f.write(f"    {v}\n")
     assert struck == len(plan)
@@ -309,7 +320,8 @@ def _drain(work: Workload, run: Run, keys: KeySpace) -> bool:
     recoverer = GuardedProducer(ProducerConfig(
         kafka={"bootstrap.servers": run.kafka, "message.timeout.ms": MESSAGE_TIMEOUT_MS},
         redis=RedisConfig(url=run.redis_url, durability=run.durability), keyspace=keys,
-        resend_after_s=RESEND_AFTER_S, lease_s=1.0, recover_interval_s=0.5, instance_id="chaos-recoverer"))
+        resend_after_s=RESEND_AFTER_S, lease_s=1.0, recover_interval_s=0.5, default_ttl_s=LONG_TTL_S,
+        instance_id="chaos-recoverer"))
     client = connect(run.redis_url)
     try:
         return _settled(work, deadline, lambda open_: all(

@@ -23,7 +23,8 @@ from eoguard.demo.inject import Injected, inject
 from eoguard.demo.procs import Worker, spawn
 from eoguard.envelope import now_ms
 from eoguard.stack import create_topics
-from tests.fault.chaos.clock import Skew, faketime_env
+from eoguard.store.keys import KeySpace
+from tests.fault.chaos.clock import SKEW_S, Skew, faketime_env
 from tests.fault.chaos.netcut import NetCuts
 
 SCOPES = ("orders", "billing")
@@ -35,6 +36,14 @@ RESEND_AFTER_S = 10.0  # ...and recovery resends a record not published after th
 SHORT_TTL_S = 4.0
 SHORT_EVERY = 10
 GRACE_S = 3.0
+# The key prefix's max_ttl: minutes, so that invariant 6 (no key outlives max_ttl plus grace)
+# is near every claim of the run, not a month away. The shortest that a consumer running the
+# largest skew behind still accepts a fresh long-TTL order from (docs/design.md §5, Clocks: its
+# input rule is that much stricter, and the allowance is capped at the 3 s grace).
+MAX_TTL_S = LONG_TTL_S + SKEW_S[1]
+# A producer running ahead sends its long orders with this TTL: past max_ttl by its own clock
+# for every skew drawn, so its clamp to Redis's now + max_ttl (§5) decides their expiry.
+AHEAD_TTL_S = MAX_TTL_S - SKEW_S[0] + 1.0
 CONSUMER_LEASE_S = 3.0
 PRODUCER_LEASE_S = 1.0
 EXPIRED = 20
@@ -62,6 +71,11 @@ class Run:
     @property
     def prefix(self) -> str:
         return f"chaos{self.run_id}"
+
+    @property
+    def keys(self) -> KeySpace:
+        """The run's key prefix, laid out with the workload's short max_ttl."""
+        return KeySpace(prefix=self.prefix, max_ttl_ms=int(MAX_TTL_S * 1000))
 
 
 @dataclass
@@ -112,7 +126,7 @@ class Workload:
 
     def _common(self, name: str) -> list[str]:
         return ["--bootstrap", self.run.kafka, "--redis-url", self.run.redis_url,
-                "--prefix", self.run.prefix, "--topic", self.run.topic,
+                "--prefix", self.run.prefix, "--max-ttl-s", f"{MAX_TTL_S:g}", "--topic", self.run.topic,
                 "--durability", self.run.durability,
                 "--stats", str(self.run.folder / f"{name}.json")]
 
@@ -125,13 +139,13 @@ class Workload:
         self.workers.append(worker)
         return worker
 
-    def _producer(self, mode: str, first: int, count: int, env: dict[str, str] | None = None
-                  ) -> Worker:
+    def _producer(self, mode: str, first: int, count: int, env: dict[str, str] | None = None,
+                  ttl_s: float = LONG_TTL_S) -> Worker:
         name = f"p{len(self.workers)}"
         return self._spawn(name, [
             "producer", *self._common(name), "--name", name, "--ledger", str(self._ledger(name)),
             "--mode", mode, "--start", str(first), "--count", str(count), "--rate", str(RATE),
-            "--ttl-s", str(LONG_TTL_S), "--short-every", str(SHORT_EVERY),
+            "--ttl-s", f"{ttl_s:g}", "--short-every", str(SHORT_EVERY),
             "--short-ttl-s", str(SHORT_TTL_S), "--duplicate-every", "40",
             "--lease-s", str(PRODUCER_LEASE_S), "--recover-after-s", "3.0",
             "--message-timeout-ms", str(MESSAGE_TIMEOUT_MS), "--resend-after-s", str(RESEND_AFTER_S)],
@@ -165,11 +179,12 @@ class Workload:
         self._replace(slot)
         return f"{slot.mode} producer killed with {in_flight} sends not yet guaranteed"
 
-    def _replace(self, slot: Slot, env: dict[str, str] | None = None) -> None:
+    def _replace(self, slot: Slot, env: dict[str, str] | None = None, ttl_s: float = LONG_TTL_S
+                 ) -> None:
         """A new producer sends the orders of ``slot`` its predecessors did not reach."""
         next_seq = max((lv.poll().max_seq for lv in slot.ledgers), default=-1) + 1
         start = max(next_seq, slot.first)
-        slot.worker = self._producer(slot.mode, start, slot.first + slot.count - start, env)
+        slot.worker = self._producer(slot.mode, start, slot.first + slot.count - start, env, ttl_s)
         slot.ledgers.append(observe.LedgerView(self._ledger(slot.worker.name)))
 
     def kill_consumer(self, rng: random.Random, hold_s: float) -> str:
@@ -225,14 +240,16 @@ class Workload:
         self.members[scope][index] = self._consumer(scope, f"{scope}-{index}", env)
 
     def skew_producer(self, rng: random.Random, hold_s: float, skew_s: int) -> str:
-        """SIGKILL a live producer, run its replacement ``skew_s`` off for ``hold_s``, SIGKILL
-        it and start one in step (clock.py)."""
+        """SIGKILL a live producer, run its replacement ``skew_s`` off for ``hold_s`` (ahead:
+        sending its long orders with :data:`AHEAD_TTL_S`), SIGKILL it and start one in step
+        (clock.py)."""
         live = [s for s in self.slots if s.worker.alive()]
         if not live:
             return "no producer alive"
         slot = rng.choice(live)
         slot.worker.kill()
-        self._replace(slot, faketime_env(skew_s, self.run.folder))
+        self._replace(slot, faketime_env(skew_s, self.run.folder),
+                      AHEAD_TTL_S if skew_s > 0 else LONG_TTL_S)
         skew = Skew(slot.worker.name, "producer", None, skew_s * 1000, now_ms())
         time.sleep(hold_s)
         slot.worker.kill()
