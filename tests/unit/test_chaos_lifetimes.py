@@ -24,8 +24,8 @@ def _judge(ttls: list[tuple[str, int]], expires: dict[str, int],
 
 
 def test_a_key_living_past_its_kinds_bound_breaks_it_at_the_bound_it_passes() -> None:
-    m = _id(SENT)
-    expires = {m: SENT + 180_000}
+    m = _id(NOW)  # sent as the keys are read, with the longest TTL
+    expires = {m: NOW + MAX_TTL}
     claim, record = f"p:dc:{{orders/3}}:{m}", f"p:ob:{{3}}:r:{m}"
     batch, index = "p:db:{orders/3}:tok", "p:ob:{3}:idx"
     assert _judge([(batch, MAX_TTL + GRACE), (index, MAX_TTL)], expires) == []
