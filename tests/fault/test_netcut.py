@@ -15,7 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.fault.chaos.netcut import CGROUP_PREFIX, TABLE_PREFIX, NetCuts, cgroup2_root, clean_leftovers
+from tests.fault.chaos.netcut import (
+    CGROUP_PREFIX,
+    TABLE_PREFIX,
+    NetCuts,
+    cgroup2_root,
+    clean_leftovers,
+    evacuate,
+)
 
 pytestmark = [pytest.mark.fault]
 
@@ -93,3 +100,32 @@ def test_what_a_crashed_run_left_is_removed_at_the_next_start() -> None:
         assert mine.folder.exists()
     finally:
         mine.close()
+
+
+def test_a_cgroup_is_emptied_of_what_its_process_forked_and_removed() -> None:
+    """A process moved into a cgroup that forks there (as Redis forks for a resync while cut
+    off) leaves its children in it: evacuating moves them too, so the cgroup can go (the
+    split-brain heal once failed with EBUSY on a Redis replica's fork)."""
+    folder = cgroup2_root() / f"{CGROUP_PREFIX}{uuid.uuid4().hex[:8]}-evacuate"
+    folder.mkdir()
+    shell = subprocess.Popen(["sh", "-c", "read go; sleep 60 & sleep 60 & wait"],
+                             stdin=subprocess.PIPE, text=True)
+    try:
+        (folder / "cgroup.procs").write_text(str(shell.pid))
+        assert shell.stdin is not None
+        shell.stdin.write("go\n")
+        shell.stdin.flush()
+        while len((folder / "cgroup.procs").read_text().split()) < 3:  # sh and its two sleeps
+            time.sleep(0.01)
+        children = set((folder / "cgroup.procs").read_text().split()) - {str(shell.pid)}
+        evacuate(folder, cgroup2_root())
+        assert not folder.exists()
+        assert children <= set((cgroup2_root() / "cgroup.procs").read_text().split())
+    finally:
+        subprocess.run(["pkill", "-P", str(shell.pid)], check=False)
+        shell.kill()
+        shell.wait()
+        if shell.stdin is not None:
+            shell.stdin.close()
+        if folder.exists():
+            evacuate(folder, cgroup2_root())

@@ -17,8 +17,10 @@ one process and one port set, the way a real partition cuts one host from anothe
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import subprocess
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,14 +115,33 @@ class NetCuts:
         return self.folder / worker
 
 
+def evacuate(cgroup: Path, home: Path) -> None:
+    """Move every process in ``cgroup`` to ``home`` and remove ``cgroup``.
+
+    Every process, not only the one moved in: a child forked meanwhile is born in its parent's
+    cgroup (Redis forks for a resync or an AOF rewrite), and a cgroup with a process left in
+    it cannot be removed (EBUSY). A child may also be forked, or be exiting, while this runs,
+    so it moves what is listed and tries again, a bounded number of times.
+    """
+    for _ in range(100):
+        for pid in (cgroup / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError, OSError):
+                (home / "cgroup.procs").write_text(pid)
+        try:
+            cgroup.rmdir()
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise
+        time.sleep(0.05)
+    cgroup.rmdir()  # still busy: raises, naming the cgroup
+
+
 def _remove_cgroups(folder: Path) -> None:
     root = cgroup2_root()
     for child in sorted(folder.iterdir(), reverse=True) if folder.exists() else []:
         if child.is_dir():
-            for pid in (child / "cgroup.procs").read_text().split():
-                with contextlib.suppress(ProcessLookupError, OSError):
-                    (root / "cgroup.procs").write_text(pid)
-            child.rmdir()
+            evacuate(child, root)
     if folder.exists():
         folder.rmdir()
 

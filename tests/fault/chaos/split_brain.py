@@ -26,7 +26,7 @@ from pathlib import Path
 
 import redis
 
-from tests.fault.chaos.netcut import CGROUP_PREFIX, TABLE_PREFIX, cgroup2_root, nft
+from tests.fault.chaos.netcut import CGROUP_PREFIX, TABLE_PREFIX, cgroup2_root, evacuate, nft
 
 BUS_OFFSET = 10_000
 
@@ -91,7 +91,7 @@ class SplitBrain:
         name = f"{os.getpid()}-sb{master_port}"
         self.table = TABLE_PREFIX + name.replace("-", "_")
         self.folder = cgroup2_root() / (CGROUP_PREFIX + name)
-        self._home: dict[int, Path] = {}
+        self._home: dict[str, Path] = {}  # role -> the cgroup its process came from
 
     def _pids(self) -> dict[str, int]:
         return {"master": _listener_pid(self.master), "replica": _listener_pid(self.replica)}
@@ -100,7 +100,7 @@ class SplitBrain:
         pids = self._pids()
         self.folder.mkdir()
         for role, pid in pids.items():
-            self._home[pid] = _cgroup_of(pid)
+            self._home[role] = _cgroup_of(pid)
             (self.folder / role).mkdir()
             (self.folder / role / "cgroup.procs").write_text(str(pid))
         bus = self.master + BUS_OFFSET
@@ -130,17 +130,16 @@ class SplitBrain:
                 f'"{path.relative_to(Path("/sys/fs/cgroup"))}"')
 
     def heal(self) -> None:
-        """Delete the rules, move both processes back to their cgroups, remove the folder."""
+        """Delete the rules, move both processes (and what they forked) back to their cgroups,
+        remove the folder."""
         listed = subprocess.run(["nft", "list", "tables", "inet"], capture_output=True, text=True,
                                 check=True).stdout.split()
         if self.table in listed:
             nft(f"delete table inet {self.table}\n")
-        for pid, home in self._home.items():
-            (home / "cgroup.procs").write_text(str(pid))
-        self._home.clear()
-        for role in ("master", "replica"):
+        for role in ("master", "replica"):  # with what they forked meanwhile (evacuate)
             if (self.folder / role).exists():
-                (self.folder / role).rmdir()
+                evacuate(self.folder / role, self._home.get(role, cgroup2_root()))
+        self._home.clear()
         if self.folder.exists():
             self.folder.rmdir()
 
