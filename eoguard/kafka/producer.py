@@ -97,17 +97,8 @@ class KafkaProducer:
         Raises :class:`MessageTooLargeError` when librdkafka refuses the size and
         :class:`BrokerError` for any other immediate refusal.
         """
-        try:
-            if headers:
-                self._producer.produce(topic, value, key, on_delivery=on_delivery,
-                                       headers=list(headers.items()))
-            else:
-                self._producer.produce(topic, value, key, on_delivery=on_delivery)
-        except BufferError:
-            return False
-        except KafkaException as exc:
-            raise _refusal(exc, topic, value, key) from exc
-        return True
+        return self._hand(topic, value, key, list(headers.items()) if headers else None,
+                          on_delivery)
 
     def produce_pairs(self, topic: str, value: bytes, key: bytes | None,
                       headers: Sequence[tuple[str, bytes]], *, on_delivery: DeliveryCallback,
@@ -115,9 +106,19 @@ class KafkaProducer:
         """:meth:`produce` with the headers as Kafka has them, pairs in order (a name may
         repeat), to ``partition`` (-1: the partitioner's choice): a record sent again with its
         headers exactly as they were."""
+        return self._hand(topic, value, key, list(headers), on_delivery, partition)
+
+    def _hand(self, topic: str, value: bytes, key: bytes | None,  # noqa: PLR0917
+              headers: list[tuple[str, Any]] | None, on_delivery: DeliveryCallback | None,
+              partition: int = -1) -> bool:
+        """The one call into librdkafka's produce, and what its refusals mean."""
         try:
-            self._producer.produce(topic, value, key, partition=partition,
-                                   on_delivery=on_delivery, headers=list(headers))
+            if headers:
+                self._producer.produce(topic, value, key, partition=partition,
+                                       on_delivery=on_delivery, headers=headers)
+            else:
+                self._producer.produce(topic, value, key, partition=partition,
+                                       on_delivery=on_delivery)
         except BufferError:
             return False
         except KafkaException as exc:
