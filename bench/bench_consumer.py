@@ -66,7 +66,7 @@ import redis
 from confluent_kafka import Consumer, Producer
 
 from bench import table
-from bench.machine_cpu import MachineCpu
+from bench.machine_cpu import MachineCpu, redis_cpu_s
 from bench.stats import percentile
 from eoguard.codec import EnvelopeCodec, PayloadCodec
 from eoguard.codec.plain import Lifetime, PlainRecords, id_from_field
@@ -266,12 +266,6 @@ def process_cpu_s() -> float:
     """CPU seconds of this process so far, every thread (librdkafka's too)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def redis_cpu_s(client: redis.Redis) -> float:
-    """CPU seconds the Redis server used so far (INFO cpu, user + system, main thread)."""
-    cpu = client.info("cpu")
-    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def forget(redis_url: str, pattern: str) -> None:

@@ -38,7 +38,7 @@ import redis
 from confluent_kafka import Producer
 
 from bench import table
-from bench.machine_cpu import MachineCpu
+from bench.machine_cpu import MachineCpu, redis_cpu_s
 from bench.stats import percentile
 from eoguard.codec import ENVELOPE_SCHEMA, MAGIC, SchemaRegistry
 from eoguard.config import ProducerConfig, RedisConfig
@@ -57,16 +57,12 @@ class CpuMeter:
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
         self.process = time.process_time()
-        self.redis = self._redis()
-
-    def _redis(self) -> float:
-        info = self.client.info("cpu")
-        return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+        self.redis = redis_cpu_s(client)
 
     def per_message_us(self, n: int) -> tuple[float, float]:
         """(process, Redis) CPU microseconds per message so far."""
         return ((time.process_time() - self.process) / n * 1e6,
-                (self._redis() - self.redis) / n * 1e6)
+                (redis_cpu_s(self.client) - self.redis) / n * 1e6)
 
 
 def make_topic(bootstrap: str, partitions: int) -> str:

@@ -28,17 +28,13 @@ from collections.abc import Callable
 
 import redis
 
+from bench.machine_cpu import redis_cpu_s
 from eoguard.envelope import new_message_id
 from eoguard.stack import LocalStack
 from eoguard.store.dedup import Claim, DedupStore, position
 from eoguard.store.keys import KeySpace
 
 Step = Callable[[list[Claim]], None]
-
-
-def redis_cpu_s(client: redis.Redis[bytes]) -> float:
-    cpu = client.info("cpu")
-    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def plain_claim(client: redis.Redis[bytes], store: DedupStore) -> Step:

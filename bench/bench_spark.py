@@ -52,7 +52,8 @@ from pyspark.sql.pandas.functions import arrow_udf
 from pyspark.sql.streaming.query import StreamingQuery
 
 from bench import table
-from bench.bench_consumer import forget, redis_cpu_s
+from bench.bench_consumer import forget
+from bench.machine_cpu import redis_cpu_s
 from eoguard.codec import (
     ENVELOPE_SCHEMA,
     HEADER_SIZE,

@@ -4,14 +4,16 @@ On a machine whose cores the client, the broker and Redis share, the machine's C
 sets a ceiling once the cores are busy: a variant that costs twice its baseline's cannot pass
 half its rate then. Below that (a single Python thread, or waits, bound the rate) the ratio is
 the cost, not a bound. Every process counts: the figures mean something only with nothing
-else running.
+else running. Beside it, the one reading of the Redis server's own CPU (:func:`redis_cpu_s`).
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["MachineCpu"]
+import redis
+
+__all__ = ["MachineCpu", "redis_cpu_s"]
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
@@ -38,3 +40,9 @@ class MachineCpu:
     def per_message_us(self, n: int) -> float:
         """Busy CPU microseconds per message, every process (broker and Redis included)."""
         return (_read()[0] - self._busy) * _TICK_S / n * 1e6
+
+
+def redis_cpu_s(client: redis.Redis) -> float:
+    """CPU seconds the Redis server used so far (INFO cpu, user + system, main thread)."""
+    cpu = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
