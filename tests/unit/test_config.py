@@ -67,7 +67,7 @@ def test_secrets_never_appear_in_repr() -> None:
 def test_kafka_config_forces_acks_all_and_idempotence(caplog) -> None:
     cfg = config(kafka={"bootstrap.servers": "b:9092", "acks": "1",
                         "enable.idempotence": "false", "linger.ms": 20, **SECRETS})
-    with caplog.at_level(logging.WARNING, logger="eoguard.config"):
+    with caplog.at_level(logging.WARNING, logger="eoguard.config.producer"):
         conf = cfg.kafka_config()
     assert conf["acks"] == "all"
     assert conf["enable.idempotence"] is True
@@ -83,7 +83,7 @@ def test_kafka_config_forces_acks_all_and_idempotence(caplog) -> None:
 
 def test_kafka_config_is_quiet_when_already_safe(caplog) -> None:
     cfg = config(kafka={"bootstrap.servers": "b:9092", "acks": -1, "enable.idempotence": True})
-    with caplog.at_level(logging.WARNING, logger="eoguard.config"):
+    with caplog.at_level(logging.WARNING, logger="eoguard.config.producer"):
         conf = cfg.kafka_config()
     assert caplog.records == []
     assert (conf["acks"], conf["enable.idempotence"]) == ("all", True)
