@@ -132,10 +132,19 @@ class ManagedProcess(abc.ABC):
             threading.Thread(target=child.wait, name=f"reap-{self.name}", daemon=True).start()
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Send ``sig`` (SIGKILL by default: a crash) and wait until the process is gone."""
+        """Send ``sig`` (SIGKILL by default: a crash) and wait until the process is gone.
+
+        A service that answers while its pid file names no process was started elsewhere
+        (another checkout, by hand): it is never signalled, and a fault aimed at it raises
+        StackError rather than pass as done."""
         pid = self.pid()
         if pid is None:
             self._forget()
+            if self.is_ready():
+                raise StackError(f"{self.name} at {self.address} answers, but this stack did "
+                                 f"not start it (no live process in {self._pid_path}): it is "
+                                 "not signalled; stop it where it was started, or give this "
+                                 "stack other ports")
             return
         try:
             os.killpg(pid, sig)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from eoguard.errors import StackError
 from eoguard.stack.process import ManagedProcess
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -26,6 +27,10 @@ class Sleeper(ManagedProcess):
 
     def is_ready(self) -> bool:
         return self._child is not None and self._child.poll() is None
+
+    @property
+    def address(self) -> str:
+        return "sleeper:0"
 
 
 def start_ticks(pid: int) -> int:
@@ -80,3 +85,21 @@ def test_an_older_pid_file_names_only_a_process_in_the_services_workdir(
     finally:
         ours.kill()
         ours.wait()
+
+
+def test_a_service_started_elsewhere_is_not_killed_and_the_fault_says_so(
+        tmp_path: Path, bystander: subprocess.Popen[bytes]) -> None:
+    # Another checkout's service answers on this stack's port: its pid file is not ours.
+    class Answering(Sleeper):
+        def is_ready(self) -> bool:
+            return bystander.poll() is None
+
+    service = Answering(tmp_path)
+    assert service.pid() is None
+    with pytest.raises(StackError, match="did not start it"):
+        service.kill()
+    service.stop()  # stopping a stack leaves what it did not start, quietly
+    assert bystander.poll() is None, "the bystander was signalled"
+    bystander.kill()
+    bystander.wait()
+    service.kill()  # nothing answers any more: nothing to kill, no error
