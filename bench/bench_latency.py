@@ -5,33 +5,48 @@
 
 An open-loop schedule: message k is due at ``start + k / rate`` and its latency is measured
 from that due time (a sender that falls behind adds its lag, as a real load would), to the
-moment the handler sees it, in a consumer process of its own. Three pipelines, each at a
+moment the handler sees it, in a consumer process of its own. Five pipelines, each at a
 trickle of 50 msg/s and at 20% and 60% of the callback baseline's maximum rate (``--max-rate``;
 else the producer suite's median when ``python -m bench`` ran it first, else the median of three
-runs of ``bench.bench_producer``'s callback baseline), and persist-first and plain once more at
-60% of persist-first's own maximum (``--persist-first-max-rate``, found the same way), since at
-60% of the callback baseline persist-first is past what it can send:
+runs of ``bench.bench_producer``'s callback baseline), and all but delayed once more at 60% of
+persist-first's own maximum (``--persist-first-max-rate``, found the same way), since at 60% of
+the callback baseline persist-first is past what it can send:
 
   plain           confluent-kafka producer (idempotent, acks=all, per-message callback,
                   fastavro envelope) -> confluent-kafka ``poll()`` loop (auto-commit, as a
                   user writes it) decoding with fastavro;
   persist-first   GuardedProducer -> GuardedConsumer;
-  delayed         GuardedProducer (delayed mode) -> GuardedConsumer.
+  delayed         GuardedProducer (delayed mode) -> GuardedConsumer;
+  floor           the plain producer -> the floor consumer: the floor of ``delayed`` (whose
+                  producer does about what plain's does);
+  floor-pf        the floor sender -> the floor consumer: the floor of ``persist-first``.
+
+The floors (:mod:`bench.latency_floor`) ask Redis for what eoguard does, in plain pipelined
+commands and nothing more: the floor consumer claims each record of a batch (``SET NX PXAT``,
+one round trip, awaited) before it handles them, then marks the batch done and deletes the
+senders' outbox records (one round trip, awaited) and commits asynchronously; the floor sender
+writes each message to Redis (``SET PXAT``, a round trip per batch of what is queued, awaited)
+before it produces it, and deletes it once Kafka acknowledged it. Where eoguard misses a
+target, its distance to its floor in the same round says how much of the miss is eoguard's
+and how much the Redis round trips' on this machine.
 
 With ``--split`` three more say which side a tail is on: ``persist-first>plain`` and
 ``delayed>plain`` (a GuardedProducer read by the plain ``poll()`` loop: the producer's share)
 and ``plain>guarded`` (the plain producer read by GuardedConsumer: the consumer's share).
 
-Both consumers use the same fetch settings (``fetch.wait.max.ms``, ``fetch.min.bytes``) and
-the same ``linger.ms`` on the producers. Rounds are interleaved (every pipeline at every rate,
+Every consumer uses the same fetch settings (``fetch.wait.max.ms``, ``fetch.min.bytes``) and
+every producer the same ``linger.ms``. Rounds are interleaved (every pipeline at every rate,
 then again), since one point's tail moves with whatever else the machine did in those seconds.
 Prints each point's p50/p99 (p999 only where a point has at least 10,000 samples), then per
 pipeline and rate the min, median and max over the rounds of p50 and p99 and of their difference
-to plain in the same round. Each point also prints the longest stalls Redis's latency monitor
-saw meanwhile (an AOF fsync, a fork), which explain an eoguard tail plain does not have, and
-how busy the machine's cores were (``cpu``, every process's share of every core).
+to plain in the same round, and for persist-first and delayed likewise their difference to
+their floors in the same round (``delayed minus floor``). Each point also prints the longest
+stalls Redis's latency monitor saw meanwhile (an AOF fsync, a fork), which explain an eoguard
+tail plain does not have, and how busy the machine's cores were (``cpu``, every process's share
+of every core).
 With ``--trace`` the eoguard consumers run in trace mode and each eoguard point also prints
-where its tail messages spent their time, stage by stage (:mod:`bench.trace_report`).
+where its tail messages spent their time, stage by stage (:mod:`bench.trace_report`). Every
+point writes under a key prefix of its own, deleted once the point is over.
 """
 
 from __future__ import annotations
@@ -51,6 +66,7 @@ from confluent_kafka import Consumer, Producer
 
 from bench import table
 from bench.bench_producer import KAFKA, PlainEncoder, baseline, guarded, make_topic
+from bench.latency_floor import TTL_MS, FloorConsumer, FloorSender
 from bench.machine_cpu import MachineCpu
 from bench.stats import percentile
 from bench.trace_report import SchedStat, TracedRun, report, tasks
@@ -64,18 +80,22 @@ from eoguard.store.keys import KeySpace
 
 FETCH = {"fetch.wait.max.ms": 10, "fetch.min.bytes": 1}
 STAMP = struct.Struct("<d")  # the payload: the message's due time, epoch seconds
-PIPELINES = ("plain", "persist-first", "delayed")
+PIPELINES = ("plain", "persist-first", "delayed", "floor", "floor-pf")
+FLOORS = {"delayed": "floor", "persist-first": "floor-pf"}  # each eoguard pipeline's floor
 SPLITS = ("persist-first>plain", "delayed>plain", "plain>guarded")
 POINTS = ("trickle", "20%", "60%", "60% pf")
 
 
 def sides(pipeline: str) -> tuple[str, str]:
-    """The producer (``plain`` or a GuardedProducer mode) and the consumer (``plain`` or
-    ``guarded``) of ``pipeline``: ``a>b`` names both; ``plain`` is plain end to end, a mode
-    is that mode's GuardedProducer read by GuardedConsumer."""
+    """The producer (``plain``, ``floor-pf`` or a GuardedProducer mode) and the consumer
+    (``plain``, ``floor`` or ``guarded``) of ``pipeline``: ``a>b`` names both; ``plain`` is
+    plain end to end, ``floor`` the plain producer read by the floor consumer, ``floor-pf``
+    the floor sender read by it, a mode that mode's GuardedProducer read by GuardedConsumer."""
     if ">" in pipeline:
         sender, reader = pipeline.split(">")
         return sender, reader
+    if pipeline in ("floor", "floor-pf"):
+        return ("plain" if pipeline == "floor" else pipeline), "floor"
     return pipeline, "plain" if pipeline == "plain" else "guarded"
 
 
@@ -114,6 +134,13 @@ def consume(pipeline: str, bootstrap: str, redis_url: str, prefix: str, topic: s
         consumer.close()
         out.put((latencies, None))
         return
+    if sides(pipeline)[1] == "floor":
+        floor = FloorConsumer(kafka, redis.Redis.from_url(redis_url), topic, prefix, seen)
+        while len(latencies) < expect and time.monotonic() < deadline:
+            floor.poll_once(0.1)
+        floor.close()
+        out.put((latencies, None))
+        return
     config = ConsumerConfig(kafka=kafka, redis=RedisConfig(url=redis_url), scope="latency",
                             topics=(topic,), keyspace=KeySpace(prefix=prefix),
                             poll_timeout_s=0.1, ack_outbox=True,
@@ -149,7 +176,7 @@ def send_all(pipeline: str, bootstrap: str, redis_url: str, prefix: str, topic: 
         encoder = PlainEncoder("bench-latency")
 
         def send(payload: bytes) -> None:
-            producer.produce(topic, encoder.encode(payload, 600_000),
+            producer.produce(topic, encoder.encode(payload, TTL_MS),
                              on_delivery=lambda err, msg: None)
             producer.poll(0)
 
@@ -157,9 +184,15 @@ def send_all(pipeline: str, bootstrap: str, redis_url: str, prefix: str, topic: 
         schedule(send, rate, count)
         producer.flush(60)
         return
+    if mode == "floor-pf":
+        with FloorSender(Producer({"bootstrap.servers": bootstrap, **KAFKA}),
+                         redis.Redis.from_url(redis_url), topic, prefix) as sender:
+            warm_up(sender.send, ready)
+            schedule(sender.send, rate, count)
+        return
     config = ProducerConfig(kafka={"bootstrap.servers": bootstrap, **KAFKA},
                             redis=RedisConfig(url=redis_url), mode=mode,
-                            keyspace=KeySpace(prefix=prefix), default_ttl_s=600)
+                            keyspace=KeySpace(prefix=prefix), default_ttl_s=TTL_MS // 1000)
     with GuardedProducer(config) as guarded:
         warm_up(lambda payload: guarded.send(topic, payload), ready)
         schedule(lambda payload: guarded.send(topic, payload), rate, count)
@@ -191,7 +224,24 @@ def point(pipeline: str, bootstrap: str, redis_url: str, rate: float, seconds: f
     send_all(pipeline, bootstrap, redis_url, prefix, topic, rate, count, ready)
     latencies, traced = out.get(timeout=600)
     proc.join(30)
+    drop_keys(redis_url, prefix)
     return sorted(latencies), traced
+
+
+def drop_keys(redis_url: str, prefix: str) -> None:
+    """Delete what a point left under its fresh key prefix (eoguard's keys, the floors')."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        batch: list[bytes] = []
+        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+            batch.append(key)
+            if len(batch) == 1000:
+                client.unlink(*batch)
+                batch = []
+        if batch:
+            client.unlink(*batch)
+    finally:
+        client.close()
 
 
 class RedisStalls:
@@ -282,7 +332,7 @@ def main() -> None:
                 if "60% pf" in args.points else 0.0)
     rates = [("trickle", 50.0, pipelines), ("20%", 0.2 * max_rate, pipelines),
              ("60%", 0.6 * max_rate, pipelines),
-             ("60% pf", 0.6 * own_rate, ("plain", "persist-first"))]
+             ("60% pf", 0.6 * own_rate, ("plain", "persist-first", "floor", "floor-pf"))]
     rates = [point for point in rates if point[0] in args.points]
     print(f"callback baseline max {max_rate:,.0f} msg/s; persist-first max {own_rate:,.0f} "
           f"msg/s ('60% pf' is 60% of it); {args.seconds:.0f} s per point; "
@@ -306,7 +356,7 @@ def main() -> None:
                     print("\n".join(f"    {line}" for line in report(traced, seen, history)),
                           flush=True)
     print(f"\nover {args.rounds} rounds, ms: p50 and p99 as min / median / max; the difference "
-          "to plain in the same round likewise")
+          "to plain in the same round likewise, and each eoguard pipeline's to its floor")
     for label, rate, names in rates:
         plain = found[(label, "plain")]
         for pipeline in names:
@@ -315,14 +365,22 @@ def main() -> None:
             line = (f"{label:8s} {rate:8,.0f} msg/s  {pipeline:19s} p50 {_mm(p50s)}  "
                     f"p99 {_mm(p99s)}")
             if pipeline != "plain":
-                pairs = list(zip(got, plain, strict=True))
-                line += (f"   vs plain: p50 {_mm([a[0] - b[0] for a, b in pairs], '+')}"
-                         f"  p99 {_mm([a[1] - b[1] for a, b in pairs], '+')}")
+                line += f"   vs plain: {_minus(got, plain)}"
+            if (floor := found.get((label, FLOORS.get(pipeline, "")))) is not None:
+                line += (f"\n{'':38s}{pipeline} minus {FLOORS[pipeline]}: "
+                         f"{_minus(got, floor)}")
             print(line, flush=True)
             table.add(table.Row(suite="latency", path=f"{pipeline} @ {label} ({rate:,.0f}/s)",
                                 rates=[], e2e_ms=(statistics.median(p50s),
                                                   statistics.median(p99s)),
                                 note=f"median of {args.rounds} rounds"))
+
+
+def _minus(got: list[tuple[float, float]], base: list[tuple[float, float]]) -> str:
+    """p50 and p99 of ``got`` minus those of ``base`` in the same round, as :func:`_mm`."""
+    pairs = list(zip(got, base, strict=True))
+    return (f"p50 {_mm([a[0] - b[0] for a, b in pairs], '+')}"
+            f"  p99 {_mm([a[1] - b[1] for a, b in pairs], '+')}")
 
 
 def _mm(values: list[float], sign: str = "") -> str:
