@@ -1,7 +1,7 @@
 """The floors of bench.bench_latency: eoguard's Redis work per message, in plain commands.
 
 A floor pipeline does what an eoguard pipeline asks of Redis, in as few plain commands as that
-takes: no scripts, no reads before writes, no leases, no retries, no overlap of round trips.
+takes: no scripts, no reads before writes, no leases, no retries.
 The gap between eoguard and its floor in the same round is what eoguard's own machinery costs;
 what is left of the gap between the floor and plain is what the Redis writes cost on this
 machine.
@@ -10,13 +10,18 @@ machine.
 records, read as GuardedConsumer reads them: wait for one, then take what is fetched):
 
   1. decode each envelope with fastavro (as the plain loop does);
-  2. claim: ``SET <claim key> <token> NX PXAT <expires_at>`` per record, pipelined, one round
-     trip, its replies awaited (eoguard: one claim key written per message);
+  2. claim: ``SET <claim key> <token> NX PXAT <expires_at>`` per record, pipelined (eoguard:
+     one claim key written per message), in one round trip with the previous batch's done
+     marks (4), its replies awaited: one round trip, one AOF fsync, per batch;
   3. handle each record the claim made ours;
-  4. done: ``SET <batch record> done PXAT`` once and one ``DEL`` of every record's outbox key,
-     pipelined, one round trip, awaited (eoguard: the batch record written once per shard,
-     the senders' outbox records deleted by id in one ``DEL``);
-  5. commit the batch's offsets, asynchronously (as GuardedConsumer does).
+  4. done: ``SET <batch record> done PXAT`` once and one ``DEL`` of every record's outbox key
+     (eoguard: the batch record written once per shard, the senders' outbox records deleted
+     by id in one ``DEL``), sent with the next batch's claims, or alone when no record came
+     within the poll's timeout;
+  5. once its done marks landed, commit the batch's offsets, asynchronously (as
+     GuardedConsumer does).
+
+The handler waits for one round trip per batch, the least a claim before handling takes.
 
 :class:`FloorSender`, the floor of persist-first's GuardedProducer: messages queue up; a writer
 thread takes all that are queued, ``SET <outbox key> <value> PXAT`` each (pipelined with the
@@ -76,11 +81,14 @@ class FloorConsumer:
         self.client, self.prefix, self.handle, self.batch_size = client, prefix, handle, batch_size
         self.consumer = Consumer({**kafka, "enable.auto.commit": False})
         self.consumer.subscribe([topic])
+        self.pending: tuple[str, int, list[str], list[Message]] | None = None  # done marks
 
     def poll_once(self, timeout_s: float) -> int:
-        """One batch, read to committed; returns its number of records."""
+        """One batch read, claimed and handled (the previous one's done marks and commit
+        riding with its claims); returns its number of records."""
         msgs = self.consumer.consume(1, timeout_s)
         if not msgs:
+            self.flush()
             return 0
         msgs += self.consumer.consume(self.batch_size - 1, 0.0)
         msgs = [msg for msg in msgs if msg.error() is None]
@@ -91,19 +99,36 @@ class FloorConsumer:
         ids = [str(env["id"]) for env in envs]
         pxats = [int(env["expires_at"].timestamp() * 1000) for env in envs]
         pipe = self.client.pipeline(transaction=False)
+        marked = self._mark_done(pipe)
         for message_id, pxat in zip(ids, pxats, strict=True):
             pipe.set(claim_key(self.prefix, message_id), token, nx=True, pxat=pxat)
-        claimed = pipe.execute()
-        for env, new in zip(envs, claimed, strict=True):
+        replies = pipe.execute()
+        if marked:
+            self.commit(marked)
+        for env, new in zip(envs, replies[len(replies) - len(envs):], strict=True):
             if new:
                 self.handle(env["payload"])
         if envs:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.set(f"{self.prefix}:fb:{token}", "done", pxat=max(pxats))
-            pipe.delete(*(outbox_key(self.prefix, message_id) for message_id in ids))
-            pipe.execute()
-            self.commit(msgs)
+            self.pending = (token, max(pxats), ids, msgs)
         return len(msgs)
+
+    def flush(self) -> None:
+        """Send the last batch's done marks alone, then commit it."""
+        pipe = self.client.pipeline(transaction=False)
+        marked = self._mark_done(pipe)
+        if marked:
+            pipe.execute()
+            self.commit(marked)
+
+    def _mark_done(self, pipe: Any) -> list[Message]:
+        """Queue the done marks of the batch handled last on ``pipe``; its records to commit."""
+        if self.pending is None:
+            return []
+        token, pxat, ids, msgs = self.pending
+        self.pending = None
+        pipe.set(f"{self.prefix}:fb:{token}", "done", pxat=pxat)
+        pipe.delete(*(outbox_key(self.prefix, message_id) for message_id in ids))
+        return msgs
 
     def commit(self, msgs: list[Message]) -> None:
         ends: dict[tuple[str, int], int] = {}
@@ -114,6 +139,7 @@ class FloorConsumer:
                              asynchronous=True)
 
     def close(self) -> None:
+        self.flush()
         self.consumer.close()
         self.client.close()
 
