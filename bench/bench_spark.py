@@ -1,11 +1,13 @@
 """Spark job throughput against a plain Structured Streaming query (a benchmark, not a test).
 
     python -m bench.bench_spark [--messages 200000] [--partitions 4] [--per-batch 50000]
-                                [--rounds 3] [--bootstrap HOST:PORT] [--redis-url URL]
+                                [--rounds 3] [--modes plain,redis,...] [--bootstrap HOST:PORT]
+                                [--redis-url URL]
 
 Pre-produces envelopes with an ``eoguard.example.Order`` payload (2% of them resent once more
-at another offset), then reads all of them on ``local[2]`` four ways, each with a fresh
-checkpoint and output, after one discarded warm-up run of each:
+at another offset), then reads all of them on ``local[2]`` six ways, each with a fresh
+checkpoint and output, after one discarded warm-up run of each (``--modes`` picks some; the
+plain query always runs):
 
   (p) ``plain``: the query a user would write without eoguard: the same Kafka source options
       and available-now trigger, ``from_avro`` of the envelope after the 10-byte header and of
@@ -16,14 +18,22 @@ checkpoint and output, after one discarded warm-up run of each:
   (c) ``watermark``: (a) plus ``dropDuplicatesWithinWatermark`` (state store);
   (f) ``floor``: (p) plus one Arrow UDF over the columns the claim pass ships to Python
       (``id``, a position, ``expires_at``), answering ``new`` for every row without Redis: the
-      Python worker round trip any executor-side dedup pays, so (b) can be read against it.
+      Python worker round trip any executor-side dedup pays, so (b) can be read against it;
+  (g) ``floor+redis``: (f) whose UDF also makes, with plain pipelined commands and no script,
+      the Redis writes (b) makes per row (bench/spark_floor.py): a ``SET NX PXAT`` claim a row,
+      per Arrow batch a done mark of its batch record and one ``DEL`` + ``ZREM`` outbox
+      acknowledgement of its rows, two round trips a batch on one connection per Python
+      worker. A floor of the work, not a design (no lease, no takeover, no replay): (b) over
+      (g) says how close eoguard's Redis pass is to the least it could cost.
 
-The four are repeated ``--rounds`` times, interleaved (the order rotates each round), so a
+The six are repeated ``--rounds`` times, interleaved (the order rotates each round), so a
 noisy machine slows every mode alike. Every run is timed the same way, by its query's progress
 reports: rows/s is the Kafka records over the sum of ``triggerExecution`` of the batches that
 had rows (plus, in the Redis mode, the wait for the last batch's outbox acknowledgement, which
-runs in the background). Each mode reports min and median over rounds, and its ratio to the plain query
-(medians, and per round). Targets: (a) >= 0.85 x (p) in every round, (b) >= 0.75 x (p).
+runs in the background). Each mode reports min and median over rounds, and its ratio to the
+plain query (medians, and per round); each round and the summary also give (b) over (g) and
+the Redis server's CPU per row (INFO cpu around the run) of (b) and (g). Targets: (a) >= 0.85 x
+(p) in every round, (b) >= 0.75 x (p).
 """
 
 from __future__ import annotations
@@ -51,7 +61,7 @@ from pyspark.sql.avro.functions import from_avro
 from pyspark.sql.pandas.functions import arrow_udf
 from pyspark.sql.streaming.query import StreamingQuery
 
-from bench import table
+from bench import spark_floor, table
 from bench.bench_consumer import forget
 from bench.machine_cpu import redis_cpu_s
 from eoguard.codec import (
@@ -68,8 +78,11 @@ from eoguard_spark import DedupMode, JobOptions, build_query, local_session, wai
 ORDER = "eoguard.example.Order"
 PLAIN = "plain"
 FLOOR = "floor"
-MODES = (PLAIN, DedupMode.NONE.value, DedupMode.REDIS.value, DedupMode.WATERMARK.value, FLOOR)
-LABELS = dict(zip(MODES, "pabcf", strict=True))
+FLOOR_REDIS = "floor+redis"
+REDIS = DedupMode.REDIS.value
+MODES = (PLAIN, DedupMode.NONE.value, REDIS, DedupMode.WATERMARK.value, FLOOR, FLOOR_REDIS)
+LABELS = dict(zip(MODES, "pabcfg", strict=True))
+PYTHON_PASS = (FLOOR, FLOOR_REDIS)  # the plain query with an Arrow UDF
 
 
 def make_topic(bootstrap: str, partitions: int) -> str:
@@ -105,16 +118,10 @@ def progress_s(query: StreamingQuery) -> float:
                if p.numInputRows) / 1000
 
 
-def answer_new(batches: Iterator[tuple[pa.Array, ...]]) -> Iterator[pa.Array]:
-    """The floor's UDF: every row ``new``, with no Redis (the module docstring's (f))."""
-    for ids, *_ in batches:
-        yield pa.array(["new"] * len(ids), pa.string())
-
-
-def plain_query(spark: SparkSession, base: JobOptions, run_dir: Path, *,
-                python_pass: bool = False) -> StreamingQuery:
-    """The query a user would write without eoguard (the module docstring's (p)); with
-    ``python_pass``, the floor (f)."""
+def plain_query(spark: SparkSession, base: JobOptions, run_dir: Path, mode: str = PLAIN
+                ) -> StreamingQuery:
+    """The query a user would write without eoguard (the module docstring's (p)), or with a
+    floor's Arrow UDF (``mode`` (f) or (g))."""
     registry = SchemaRegistry.default()
     envelope_json = json.dumps(registry.get(ENVELOPE_SCHEMA).schema)
     order_json = json.dumps(registry.get(ORDER).schema)
@@ -126,13 +133,19 @@ def plain_query(spark: SparkSession, base: JobOptions, run_dir: Path, *,
             .select("e.*", "key", "topic", "partition", "offset", "kafka_timestamp")
             .filter(F.col("expires_at") > F.current_timestamp())
             .withColumn("payload", from_avro("payload", order_json, {"mode": "PERMISSIVE"})))
-    if python_pass:
+    if mode in PYTHON_PASS:
+        redis_url, prefix = base.redis_url, base.key_prefix
+
+        def claim_plainly(batches: Iterator[tuple[pa.Array, ...]]) -> Iterator[pa.Array]:
+            return spark_floor.claim_plainly(redis_url, prefix, batches)
+
         make_udf: Any = arrow_udf  # the stubs want functionType= for iterator UDFs
-        claim = make_udf(answer_new, "string").asNondeterministic()
+        udf = spark_floor.answer_new if mode == FLOOR else claim_plainly
+        claim = make_udf(udf, "string").asNondeterministic()
         position = F.concat_ws("|", F.col("partition").cast("string"),
                                F.col("offset").cast("string"))
         rows = (rows.withColumn("status", claim(F.col("id"), position,
-                                                F.col("expires_at").cast("long")))
+                                                F.unix_millis(F.col("expires_at"))))
                 .filter(F.col("status") == "new"))
     out = run_dir / "out"
 
@@ -152,14 +165,14 @@ def run_mode(spark: SparkSession, base: JobOptions, mode: str, root: Path
     phases: dict[str, float] = {}
     options = JobOptions(**{
         **{name: getattr(base, name) for name in base.__dataclass_fields__},
-        "dedup": DedupMode.NONE if mode in (PLAIN, FLOOR) else DedupMode(mode),
+        "dedup": DedupMode.NONE if mode == PLAIN or mode in PYTHON_PASS else DedupMode(mode),
         "checkpoint": str(run_dir / "cp"), "output_path": str(run_dir / "out"),
         "dead_letter_path": str(run_dir / "dead"), "key_prefix": f"bs{uuid.uuid4().hex[:8]}"})
     server = redis.Redis.from_url(base.redis_url)
     cpu_before = redis_cpu_s(server)
     started = time.perf_counter()
-    if mode in (PLAIN, FLOOR):
-        query = plain_query(spark, options, run_dir, python_pass=mode == FLOOR)
+    if mode == PLAIN or mode in PYTHON_PASS:
+        query = plain_query(spark, options, run_dir, mode)
     else:
         def report(batch: Any) -> None:
             for name, seconds in batch.phases_s.items():
@@ -177,9 +190,40 @@ def run_mode(spark: SparkSession, base: JobOptions, mode: str, root: Path
     phases["redis cpu"] = round(redis_cpu_s(server) - cpu_before, 2)
     server.close()
     shutil.rmtree(run_dir, ignore_errors=True)
-    if mode == DedupMode.REDIS.value:
+    if mode in (REDIS, FLOOR_REDIS):
         forget(options.redis_url, f"{options.key_prefix}:*")  # 200k keys a run, TTL an hour
     return inside, wall, phases
+
+
+def summary(rates: dict[str, list[float]]) -> None:
+    """Each mode's min and median rows/s and its ratio to the plain query, and the targets."""
+    plain = statistics.median(rates[PLAIN])
+    for mode, got in rates.items():
+        median = statistics.median(got)
+        per_round = [r / p for r, p in zip(got, rates[PLAIN], strict=True)]
+        print(f"  ({LABELS[mode]}) {mode:<11} min {min(got):>9,.0f}  median {median:>9,.0f}"
+              f"  x plain: median {median / plain:.2f}, per round "
+              f"{min(per_round):.2f}-{max(per_round):.2f}")
+    floor = ""
+    if REDIS in rates and FLOOR in rates:
+        ratio = statistics.median(rates[REDIS]) / statistics.median(rates[FLOOR])
+        floor = f"; (b) x floor (f): {ratio:.2f}"
+    print(f"targets: (a) none >= 0.85 x plain in every round, (b) redis >= 0.75 x plain{floor}")
+
+
+def against_floor(rates: dict[str, list[float]], redis_us: dict[str, list[float]],
+                  round_index: int | None = None) -> str:
+    """(b) over (g) and the Redis CPU per row of each, in one round (``round_index``) or on
+    medians over rounds (None); the part of it the modes run allow."""
+    def pick(values: list[float]) -> float:
+        return statistics.median(values) if round_index is None else values[round_index]
+
+    parts = [f"({LABELS[mode]}) {mode} {pick(redis_us[mode]):.1f} us of Redis CPU a row"
+             for mode in (REDIS, FLOOR_REDIS) if mode in rates]
+    if REDIS in rates and FLOOR_REDIS in rates:
+        parts.insert(0, f"(b) redis x (g) floor+redis "
+                        f"{pick(rates[REDIS]) / pick(rates[FLOOR_REDIS]):.2f}")
+    return "; ".join(parts) or "no Redis mode run"
 
 
 def main(argv: Sequence[str] = ()) -> None:
@@ -194,7 +238,13 @@ def main(argv: Sequence[str] = ()) -> None:
                         help="skip the outbox acknowledgement in the done pass")
     parser.add_argument("--bootstrap", help="Kafka to use (default: the local stack's)")
     parser.add_argument("--redis-url", help="Redis to use (default: the local stack's)")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated, of {','.join(MODES)} (plain always runs)")
     args = parser.parse_args(list(argv))
+    wanted = set(args.modes.split(",")) | {PLAIN}
+    if wanted - set(MODES):
+        parser.error(f"unknown mode(s) {sorted(wanted - set(MODES))}; choose from {MODES}")
+    modes = tuple(mode for mode in MODES if mode in wanted)
 
     stack = LocalStack()
     ends, started = stack.up() if not (args.bootstrap and args.redis_url) else (None, [])
@@ -216,32 +266,26 @@ def main(argv: Sequence[str] = ()) -> None:
                           available_now=True, max_offsets_per_trigger=args.per_batch,
                           watermark_delay="1 hour", lease_s=600.0,
                           claim_batch_size=args.claim_batch_size, ack_outbox=args.ack_outbox)
-        for mode in MODES:  # warm-up: JIT, Python workers and their imports, page cache
+        for mode in modes:  # warm-up: JIT, Python workers and their imports, page cache
             run_mode(spark, base, mode, root)
-        rates: dict[str, list[float]] = {mode: [] for mode in MODES}
+        rates: dict[str, list[float]] = {mode: [] for mode in modes}
+        redis_us: dict[str, list[float]] = {mode: [] for mode in modes}  # Redis CPU a row
         for round_no in range(args.rounds):
-            shift = round_no % len(MODES)
-            for mode in MODES[shift:] + MODES[:shift]:
+            shift = round_no % len(modes)
+            for mode in modes[shift:] + modes[:shift]:
                 inside, wall, phases = run_mode(spark, base, mode, root)
                 rates[mode].append(total / inside)
-                print(f"round {round_no + 1} ({LABELS[mode]}) {mode:<9} "
+                redis_us[mode].append(phases["redis cpu"] * 1e6 / total)
+                print(f"round {round_no + 1} ({LABELS[mode]}) {mode:<11} "
                       f"{total / inside:>9,.0f} rows/s in batches ({inside:5.1f} s), "
-                      f"{total / wall:>9,.0f} rows/s wall ({wall:5.1f} s)"
-                      + (f", phases {phases}" if phases else ""), flush=True)
+                      f"{total / wall:>9,.0f} rows/s wall ({wall:5.1f} s), phases {phases}",
+                      flush=True)
+            print(f"round {round_no + 1}: {against_floor(rates, redis_us, -1)}", flush=True)
         print(f"{total} records of {size:.0f} bytes, maxOffsetsPerTrigger {args.per_batch}, "
               f"local[2], {args.rounds} rounds; rows/s inside the batches (query progress):")
-        plain = statistics.median(rates[PLAIN])
-        for mode in MODES:
-            got = rates[mode]
-            median = statistics.median(got)
-            per_round = [r / p for r, p in zip(got, rates[PLAIN], strict=True)]
-            print(f"  ({LABELS[mode]}) {mode:<9} min {min(got):>9,.0f}  median {median:>9,.0f}"
-                  f"  x plain: median {median / plain:.2f}, per round "
-                  f"{min(per_round):.2f}-{max(per_round):.2f}")
-        redis_median = statistics.median(rates[DedupMode.REDIS.value])
-        print("targets: (a) none >= 0.85 x plain in every round, (b) redis >= 0.75 x plain; "
-              f"(b) x floor (f): {redis_median / statistics.median(rates[FLOOR]):.2f}")
-        for mode in MODES:
+        summary(rates)
+        print(f"medians: {against_floor(rates, redis_us)}")
+        for mode in modes:
             table.add(table.Row(suite="spark", path=mode, rates=rates[mode],
                                 baseline=None if mode == PLAIN else PLAIN,
                                 note=f"{total} x {size:.0f} B, {args.per_batch} per batch"))
