@@ -1,9 +1,9 @@
 """Producer throughput against the local stack (a benchmark, not a test).
 
     python -m bench.bench_producer [--messages 50000] [--rounds 3] [--partitions 4]
-                                   [--payload 200] [--redis-url URL]
+                                   [--payload 200] [--redis-url URL] [--only VARIANT ...]
 
-Sends the same payloads four ways, each to a fresh topic, in ``--rounds`` interleaved rounds
+Sends the same payloads five ways, each to a fresh topic, in ``--rounds`` interleaved rounds
 (the order rotates each round), timed from the first send until every message is
 acknowledged (``flush`` returned):
 
@@ -16,12 +16,17 @@ acknowledged (``flush`` returned):
                               that wants to know about failures writes): the headline ratio;
   persist-first               GuardedProducer: every message in the Redis outbox before Kafka;
   delayed                     GuardedProducer: Redis only for messages Kafka has not acked in
-                              the delay.
+                              the delay;
+  floor, outbox               persist-first's floor (bench/producer_floor.py): the callback
+                              baseline's envelopes and settings, each message stored by a
+                              pipelined SET PXAT before Kafka (batches as the outbox's) and
+                              deleted once acknowledged; no index, no script, no resend.
 
 Prints min and median msg/s per variant, the ratios of the medians to both baselines, this
 process's CPU per message (every thread, librdkafka's included), Redis's (``INFO cpu``: pass
 ``--redis-url`` of a private server so no other client is counted), Redis writes (and
-avoided) and the latency from ``send`` to ``on_guaranteed`` (p50/p99).
+avoided) and the latency from ``send`` to ``on_guaranteed`` (p50/p99); then persist-first
+over its floor, round by round and per message (process, machine and Redis CPU).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from confluent_kafka import Producer
 
 from bench import table
 from bench.machine_cpu import MachineCpu, redis_cpu_s
+from bench.producer_floor import FloorOutbox
 from bench.stats import percentile
 from eoguard.codec import ENVELOPE_SCHEMA, MAGIC, SchemaRegistry
 from eoguard.config import ProducerConfig, RedisConfig
@@ -47,6 +53,7 @@ from eoguard.stack import LocalStack, create_topics
 from eoguard.store.keys import KeySpace
 
 BATCH = ProducerConfig.__dataclass_fields__["batch_max_messages"].default  # the default
+MAX_QUEUE = 200_000  # messages waiting for Redis, at most (GuardedProducer's and the floor's)
 KAFKA = {"linger.ms": 5, "acks": "all", "enable.idempotence": True,
          "queue.buffering.max.messages": 500_000}
 
@@ -82,13 +89,18 @@ class PlainEncoder:
         self.buffer = io.BytesIO()
 
     def encode(self, payload: bytes, ttl_ms: int) -> bytes:
+        now = time.time_ns() // 1_000_000
+        return self.encode_as(str(uuid.uuid4()), payload, now, now + ttl_ms)
+
+    def encode_as(self, message_id: str, payload: bytes, now_ms: int,
+                  expires_at_ms: int) -> bytes:
+        """The envelope of ``message_id``, created at ``now_ms``."""
         buf = self.buffer
         buf.seek(0)
         buf.truncate()
         buf.write(self.header)
-        now = time.time_ns() // 1_000_000
         fastavro.schemaless_writer(buf, self.schema, {
-            "id": str(uuid.uuid4()), "expires_at": now + ttl_ms, "created_at": now,
+            "id": message_id, "expires_at": expires_at_ms, "created_at": now_ms,
             "producer": self.producer_id, "attempt": 1, "payload_schema": None,
             "payload": payload, "headers": {}, "payload_fingerprint": None})
         return buf.getvalue()
@@ -143,7 +155,7 @@ def guarded(bootstrap: str, redis_url: str, topic: str, n: int, payload: bytes,
     config = ProducerConfig(kafka={"bootstrap.servers": bootstrap, **KAFKA},
                             redis=RedisConfig(url=redis_url), mode=mode,
                             keyspace=KeySpace(prefix=prefix), default_ttl_s=600,
-                            keep_until="published", max_queue_messages=200_000,
+                            keep_until="published", max_queue_messages=MAX_QUEUE,
                             max_queue_bytes=256 * 1024 * 1024)
     admin = redis.Redis.from_url(redis_url)
     with GuardedProducer(config) as producer:
@@ -183,7 +195,43 @@ def guarded(bootstrap: str, redis_url: str, topic: str, n: int, payload: bytes,
     }
 
 
-VARIANTS = ("baseline, fire-and-forget", "baseline, callback", "persist-first", "delayed")
+def floor(bootstrap: str, redis_url: str, topic: str, n: int,
+          payload: bytes) -> tuple[float, dict[str, float]]:
+    """persist-first's floor (:class:`FloorOutbox`) with the baselines' envelopes and
+    GuardedProducer's batches: (seconds, info). Its envelopes cost this process what the
+    baselines' cost (fastavro, uuid4), more than eoguard's codec: where this process's CPU
+    bounds the rate, persist-first can pass its floor."""
+    producer = Producer({"bootstrap.servers": bootstrap, **KAFKA})
+    client = redis.Redis.from_url(redis_url)
+    encoder = PlainEncoder("bench-floor")
+    outbox = FloorOutbox(producer, client, topic, f"benchfloor{uuid.uuid4().hex[:6]}:",
+                         batch=BATCH, max_waiting=MAX_QUEUE)
+    producer.produce(topic, encoder.encode(payload, 600_000))  # warm: metadata, connections
+    producer.flush(30)
+    client.ping()
+    meter, machine = CpuMeter(client), MachineCpu()
+    started = time.perf_counter()
+    outbox.start()
+    for i in range(n):
+        message_id = str(uuid.uuid4())
+        now = time.time_ns() // 1_000_000
+        outbox.send(message_id, encoder.encode_as(message_id, payload, now, now + 600_000),
+                    now + 600_000, b"k%d" % (i & 31))
+    left = outbox.flush(120)
+    elapsed = time.perf_counter() - started  # as GuardedProducer.flush: the last DELs follow
+    cpu_us, redis_us = meter.per_message_us(n)
+    machine_us = machine.per_message_us(n)
+    leftover = outbox.close()
+    client.close()
+    assert left == 0, f"{left} messages not delivered"
+    assert not outbox.failed, outbox.failed[:3]
+    assert leftover == 0, f"{leftover} records left in Redis"
+    return elapsed, {"cpu_us": cpu_us, "redis_us": redis_us, "machine_us": machine_us,
+                     "persisted": n, "avoided": 0}
+
+
+FLOOR = "floor, outbox"
+VARIANTS = ("baseline, fire-and-forget", "baseline, callback", "persist-first", "delayed", FLOOR)
 
 
 def run(variant: str, bootstrap: str, redis_url: str, n: int, partitions: int,
@@ -191,6 +239,8 @@ def run(variant: str, bootstrap: str, redis_url: str, n: int, partitions: int,
     topic = make_topic(bootstrap, partitions)
     if variant.startswith("baseline"):
         elapsed, info = baseline(bootstrap, topic, n, payload, callback="callback" in variant)
+    elif variant == FLOOR:
+        elapsed, info = floor(bootstrap, redis_url, topic, n, payload)
     else:
         elapsed, info = guarded(bootstrap, redis_url, topic, n, payload, variant)
     return n / elapsed, info
@@ -201,8 +251,9 @@ def describe(info: list[dict[str, float]], n: int) -> str:
     text = f"cpu {med['cpu_us']:.1f} us/msg (machine {med['machine_us']:.1f})"
     if "persisted" in med:
         text += (f", redis {med['redis_us']:.1f} us/msg; redis writes {med['persisted']:.0f} "
-                 f"({med['persisted'] / n:.1%}), avoided {med['avoided']:.0f}; guaranteed "
-                 f"p50 {med['p50_ms']:.1f} ms p99 {med['p99_ms']:.1f} ms; "
+                 f"({med['persisted'] / n:.1%}), avoided {med['avoided']:.0f}")
+    if "p50_ms" in med:
+        text += (f"; guaranteed p50 {med['p50_ms']:.1f} ms p99 {med['p99_ms']:.1f} ms; "
                  f"delay {med['delay_ms']:.0f} ms")
     return text
 
@@ -222,6 +273,22 @@ def add_row(variant: str, rates: list[float], info: list[dict[str, float]], n: i
         redis_writes=None if persisted is None else persisted / n,
         guaranteed_ms=None if guaranteed[0] is None else guaranteed,  # type: ignore[arg-type]
         note=f"{n} x {payload} B"))
+
+
+def against_floor(mine: list[float], least: list[float], my_info: list[dict[str, float]],
+                  least_info: list[dict[str, float]]) -> str:
+    """persist-first / floor: of the rates round by round (the same round's conditions) and
+    of the medians, and of the CPU per message (process, machine, Redis)."""
+    rounds = [m / f for m, f in zip(mine, least, strict=True)]
+
+    def cost(key: str) -> str:
+        mine_us = statistics.median(i[key] for i in my_info)
+        least_us = statistics.median(i[key] for i in least_info)
+        return f"{key} {mine_us:.1f} / {least_us:.1f} = {mine_us / least_us:.2f}x"
+
+    return (f"persist-first / floor: {statistics.median(mine) / statistics.median(least):.2f}x "
+            f"of the medians; by round {' '.join(f'{r:.2f}' for r in rounds)}; per message "
+            f"{', '.join(cost(k) for k in ('cpu_us', 'machine_us', 'redis_us'))}")
 
 
 def main() -> None:
@@ -268,6 +335,8 @@ def main() -> None:
             cost = statistics.median(i["machine_us"] for i in infos[v])
             print(f"{v}: machine CPU per message {cost / base:.2f}x the callback baseline's "
                   f"(its ceiling on a machine both keep busy: {base / cost:.2f}x)")
+    if FLOOR in variants and VARIANTS[2] in variants:
+        print(against_floor(rates[VARIANTS[2]], rates[FLOOR], infos[VARIANTS[2]], infos[FLOOR]))
     redis.Redis.from_url(redis_url).close()
 
 
