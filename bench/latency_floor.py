@@ -31,6 +31,7 @@ delivery report queues its record's ``DEL``.
 
 from __future__ import annotations
 
+import functools
 import io
 import threading
 import time
@@ -55,21 +56,6 @@ def claim_key(prefix: str, message_id: str) -> str:
 
 def outbox_key(prefix: str, message_id: str) -> str:
     return f"{prefix}:fo:{message_id}"
-
-
-def envelope_id(value: bytes) -> str:
-    """The message id of an envelope, without decoding it: the body's first field, an Avro
-    string (a zigzag varint length, then UTF-8)."""
-    at, shift, raw = HEADER_SIZE, 0, 0
-    while True:
-        byte = value[at]
-        at += 1
-        raw |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            break
-    length = (raw >> 1) ^ -(raw & 1)
-    return value[at:at + length].decode()
 
 
 class FloorConsumer:
@@ -151,7 +137,7 @@ class FloorSender:
     def __init__(self, producer: Producer, client: redis.Redis, topic: str, prefix: str) -> None:
         self.producer, self.client, self.topic, self.prefix = producer, client, topic, prefix
         self.encoder = PlainEncoder("bench-latency")
-        self.queued: list[bytes] = []
+        self.queued: list[tuple[str, bytes]] = []  # (outbox key, envelope)
         self.delivered: list[str] = []  # outbox keys to delete (the writer thread's only)
         self.wake = threading.Condition()
         self.closing = False
@@ -160,11 +146,13 @@ class FloorSender:
         self.writer.start()
 
     def send(self, payload: bytes) -> None:
-        value = self.encoder.encode(payload, TTL_MS)
+        message_id = str(uuid.uuid4())
+        now = time.time_ns() // 1_000_000
+        value = self.encoder.encode_as(message_id, payload, now, now + TTL_MS)
         with self.wake:
             if self.failed is not None:
                 raise RuntimeError("the floor's writer failed") from self.failed
-            self.queued.append(value)
+            self.queued.append((outbox_key(self.prefix, message_id), value))
             self.wake.notify()
 
     def close(self) -> None:
@@ -193,8 +181,9 @@ class FloorSender:
                 self.producer.poll(0)
                 if values or self.delivered:
                     self._round_trip(values)
-                for value in values:
-                    self.producer.produce(self.topic, value, on_delivery=self._on_delivery)
+                for key, value in values:
+                    self.producer.produce(self.topic, value,
+                                          on_delivery=functools.partial(self._on_delivery, key))
                 self.producer.poll(0)
                 if closing and not values:
                     break
@@ -203,17 +192,17 @@ class FloorSender:
         except BaseException as exc:  # reported to the sending thread
             self.failed = exc
 
-    def _round_trip(self, values: list[bytes]) -> None:
+    def _round_trip(self, values: list[tuple[str, bytes]]) -> None:
         """The writes of ``values`` and the deletes of the records delivered since, awaited."""
         pipe = self.client.pipeline(transaction=False)
         pxat = time.time_ns() // 1_000_000 + TTL_MS
-        for value in values:
-            pipe.set(outbox_key(self.prefix, envelope_id(value)), value, pxat=pxat)
+        for key, value in values:
+            pipe.set(key, value, pxat=pxat)
         if self.delivered:
             pipe.delete(*self.delivered)
             self.delivered = []
         pipe.execute()
 
-    def _on_delivery(self, err: Any, msg: Message) -> None:
+    def _on_delivery(self, key: str, err: Any, _msg: Message) -> None:
         if err is None:
-            self.delivered.append(outbox_key(self.prefix, envelope_id(msg.value() or b"")))
+            self.delivered.append(key)
