@@ -159,7 +159,7 @@ class BatchProcessor:
         batch.token = token = self._dedup.new_token()
         claims = batch.claims()
         self.leases.hold(token, self._dedup.records(token, claims))
-        return self._dedup.prepare_claim(token, claims)
+        return self._dedup.prepare_claim(token, claims, fresh=True)
 
     def sort_claims(self, batch: Batch, report: ClaimReport) -> None:
         """Keep in ``batch.items`` (and ``batch.claimed``) what the claim pass made ours;

@@ -23,6 +23,7 @@ from eoguard.errors import ClaimNotOwnedError, InvalidInputError
 from eoguard.store.bindings import dedup as bindings
 from eoguard.store.client import RedisClient
 from eoguard.store.dedup_admin import read_entries, read_records
+from eoguard.store.dedup_fresh import prepare_fresh_claim
 from eoguard.store.dedup_shards import Groups, ScopeShards
 from eoguard.store.dedup_types import (
     BatchRecord,
@@ -95,6 +96,7 @@ class DedupStore:
         self._reowned_prefixes = self._shards.reowned_prefixes
         self._passed_prefixes = self._shards.passed_prefixes
         self.round_trips = 0
+        self.redis_now_ms: int | None = None  # Redis's clock as last read (dedup_fresh.py)
 
     @staticmethod
     def new_token() -> str:
@@ -136,22 +138,29 @@ class DedupStore:
         return [(shard, self._record_prefixes[shard] + token) for shard in wanted]
 
     # Claim -----------------------------------------------------------------
-    def claim(self, token: str, claims: Sequence[Claim], *, give_up_busy: bool = False
-              ) -> list[ClaimOutcome]:
+    def claim(self, token: str, claims: Sequence[Claim], *, give_up_busy: bool = False,
+              fresh: bool = False) -> list[ClaimOutcome]:
         """Claim a batch under ``token``: one script call (per hash slot on a cluster)."""
-        return self._run(self.prepare_claim(token, claims, give_up_busy=give_up_busy),
-                         "claiming a batch").outcomes(claims)
+        return self._run(self.prepare_claim(token, claims, give_up_busy=give_up_busy,
+                                            fresh=fresh), "claiming a batch").outcomes(claims)
 
-    def prepare_claim(self, token: str, claims: Sequence[Claim], *, give_up_busy: bool = False
-                      ) -> Prepared[ClaimReport]:
+    def prepare_claim(self, token: str, claims: Sequence[Claim], *, give_up_busy: bool = False,
+                      fresh: bool = False) -> Prepared[ClaimReport]:
         """The calls of :meth:`claim`, to send with others in one round trip (:meth:`send`).
 
         ``give_up_busy``: a claim still BUSY (held by another token) is given up for good under
         ``token``: every later claim of its position under the token is PASSED. For a pass with
         several attempts (a Spark task): its attempts then agree on every row, whichever runs
         last (docs/design.md §7).
+
+        ``fresh``: nothing was ever claimed under ``token`` (a consumer batch's new token). On a
+        single node its new claims then go out as plain ``SET NX GET`` commands, the others by
+        the script in one more round trip, made when the replies are parsed
+        (:mod:`eoguard.store.dedup_fresh`); a token claimed under before raises StateError.
         """
         _check_token(token)
+        if fresh and claims and not give_up_busy and self._shards.one_call:
+            return prepare_fresh_claim(self, token, claims)
         groups = self._shards.group(claims)
         records, reowned, passed = self._record_prefixes, self._reowned_prefixes, self._passed_prefixes
         calls = [bindings.DedupClaim.build(

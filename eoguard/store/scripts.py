@@ -4,7 +4,8 @@ Each ``.lua`` file is one atomic operation with its contract in its header; its 
 (:mod:`eoguard.store.bindings`) builds its calls and reads its replies. Calls go out as
 EVALSHA in one pipeline per batch: one round trip. A server that lost its script cache
 (restart, failover, SCRIPT FLUSH) answers NOSCRIPT; only those calls are loaded and resent.
-On a cluster, a call answered ASK, MOVED or TRYAGAIN is answered by :mod:`.redirects`.
+On a cluster, a call answered ASK, MOVED or TRYAGAIN is answered by :mod:`.redirects`. On a
+single node a round trip may also carry plain commands (:class:`Command`).
 redis-py's own ``register_script`` in a pipeline asks SCRIPT EXISTS before every execute,
 a second round trip per batch, which is why the SHA bookkeeping lives here.
 """
@@ -84,6 +85,31 @@ class ScriptCall(NamedTuple):
     args: Sequence[ScriptArg]
 
 
+class Command(NamedTuple):
+    """A plain Redis command sent among script calls, on a single node only (a cluster routes
+    script calls by their keys): a fresh claim pass's ``SET ... NX GET PXAT`` per new claim and
+    the ``EVAL`` that opens its batch records first (:meth:`DedupStore.prepare_claim`).
+    It is never sent again: an error in its reply is raised, whatever it is."""
+
+    name: str
+    args: tuple[ScriptArg, ...]
+
+
+Call = ScriptCall | Command
+"""What a round trip carries."""
+
+
+def _label(call: Call) -> str:
+    return call.script if isinstance(call, ScriptCall) else call.name
+
+
+def _command(call: Call) -> tuple[ScriptArg, ...]:
+    """``call`` as the command sent: EVALSHA of its script, or the plain command."""
+    if isinstance(call, ScriptCall):
+        return ("EVALSHA", lua_script(call.script).sha, len(call.keys), *call.keys, *call.args)
+    return (call.name, *call.args)
+
+
 class Prepared(NamedTuple, Generic[T]):
     """Script calls built but not sent, and how to read their replies.
 
@@ -91,7 +117,7 @@ class Prepared(NamedTuple, Generic[T]):
     batch's done marks, the next batch's claims and its liveness heartbeat in one round trip.
     """
 
-    calls: Sequence[ScriptCall]
+    calls: Sequence[Call]
     parse: Callable[[list[Any]], T]
 
 
@@ -137,7 +163,7 @@ class Scripts:
         """Run one call and return its reply."""
         return self.run([call])[0]
 
-    def run(self, calls: Sequence[ScriptCall], *, doing: str = "running a script") -> list[Any]:
+    def run(self, calls: Sequence[Call], *, doing: str = "running a script") -> list[Any]:
         """Run ``calls`` pipelined and return their replies in call order.
 
         A call that asks for keys it did not declare (:func:`declaring`) is run again with
@@ -148,21 +174,26 @@ class Scripts:
         replies = self._run_once(calls, doing)
         return self.answer_asks(calls, replies, doing)
 
-    def answer_asks(self, calls: Sequence[ScriptCall], replies: list[Any], doing: str
+    def answer_asks(self, calls: Sequence[Call], replies: list[Any], doing: str
                     ) -> list[Any]:
         """``replies`` with each call that asked for undeclared keys run again declaring them
         (a few times at most: each run may find other holders)."""
         calls = list(calls)
         for _ in range(self._MAX_ASKS):
-            asked = [i for i, reply in enumerate(replies) if _asks(reply)]
+            asked = [i for i, (call, reply) in enumerate(zip(calls, replies, strict=True))
+                     if isinstance(call, ScriptCall) and _asks(reply)]
             if not asked:
                 return replies
-            again = [declaring(calls[i], replies[i]) for i in asked]
+            again: list[Call] = []
+            for i in asked:
+                call = calls[i]
+                assert isinstance(call, ScriptCall)  # only a script asks
+                again.append(declaring(call, replies[i]))
             for i, call, reply in zip(asked, again, self._run_once(again, doing), strict=True):
                 calls[i], replies[i] = call, reply
         raise StoreError(f"a script kept asking for keys it did not declare while {doing}")
 
-    def _run_once(self, calls: Sequence[ScriptCall], doing: str) -> list[Any]:
+    def _run_once(self, calls: Sequence[Call], doing: str) -> list[Any]:
         """Every call run once, in passes: a call answered NOSCRIPT, MOVED or TRYAGAIN (or ASK
         twice) goes out again in the next pass (redirects.py says what each asks for)."""
         if not calls:
@@ -182,8 +213,8 @@ class Scripts:
                     replies[i] = result
                     continue
                 step = redirects.step_of(result)
-                if step not in redirects.SENT_AGAIN:
-                    raise redirects.store_error(result, f"{doing} ({calls[i].script})") from result
+                if step not in redirects.SENT_AGAIN or not isinstance(calls[i], ScriptCall):
+                    raise redirects.store_error(result, f"{doing} ({_label(calls[i])})") from result
                 again.append(i)
                 steps.add(step)
             if not again:
@@ -199,17 +230,17 @@ class Scripts:
             todo = again
         raise StoreUnavailableError(f"a hash slot kept moving while {doing}: retry")
 
-    def _send(self, calls: Sequence[ScriptCall], doing: str) -> list[Any]:
+    def _send(self, calls: Sequence[Call], doing: str) -> list[Any]:
         """``calls`` as EVALSHA in one pipeline, with replicated durability a WAIT per master
         after them (checked); each call's reply or error. On a cluster, :class:`Redirects`
         sends it and answers its redirects: a call sent on by ASK runs there, with its WAIT."""
         pipe = ClusterStack() if self._redirects is not None \
             else self._client.pipeline(transaction=False)
         for call in calls:
-            pipe.execute_command("EVALSHA", lua_script(call.script).sha, len(call.keys),
-                                 *call.keys, *call.args, **self._route(call))
+            pipe.execute_command(*_command(call), **self._route(call))
         if self._redirects is not None:
-            first = [call.keys[0] if call.keys else None for call in calls]
+            first = [call.keys[0] if call.keys else None
+                     for call in calls if isinstance(call, ScriptCall)]
             return self._redirects.round_trip(pipe, first, doing, self.wait)
         planned = [] if self.wait is None else add_waits(self._client, pipe, [], self.wait)
         results = self.execute(pipe, doing=doing, raise_on_error=False)
@@ -263,8 +294,12 @@ class Scripts:
         flight.conn, flight.pool = conn, pool
         return flight
 
-    def _route(self, call: ScriptCall) -> dict[str, Any]:
-        return {} if self._redirects is None else self._redirects.route(call.keys)
+    def _route(self, call: Call) -> dict[str, Any]:
+        if self._redirects is None:
+            return {}
+        if not isinstance(call, ScriptCall):
+            raise TypeError(f"{call.name} is sent on a single node only, not on a cluster")
+        return self._redirects.route(call.keys)
 
     def execute(self, pipe: Any, *, doing: str, raise_on_error: bool = True) -> list[Any]:
         """Execute a pipeline of plain commands (reads, deletes), wrapping redis-py errors at
@@ -322,12 +357,11 @@ def sends_ahead(client: RedisClient) -> bool:
     return getattr(client, "connection_pool", None) is not None
 
 
-def _pack_evalsha(conn: Any, calls: Sequence[ScriptCall]) -> list[bytes]:
-    """EVALSHA commands in the Redis protocol: hiredis's C packer when the client encodes
-    text as UTF-8, as hiredis does (redis-py's own packing first copies every argument in a
-    Python loop: ~1 us per message of a consumer batch)."""
-    commands = [("EVALSHA", lua_script(c.script).sha, len(c.keys), *c.keys, *c.args)
-                for c in calls]
+def _pack_evalsha(conn: Any, calls: Sequence[Call]) -> list[bytes]:
+    """EVALSHA (and plain) commands in the Redis protocol: hiredis's C packer when the client
+    encodes text as UTF-8, as hiredis does (redis-py's own packing first copies every argument
+    in a Python loop: ~1 us per message of a consumer batch)."""
+    commands = [_command(c) for c in calls]
     if _hiredis_pack is not None and conn.encoder.encoding.lower() in ("utf-8", "utf8"):
         try:
             return [_hiredis_pack(cmd) for cmd in commands]
@@ -341,7 +375,7 @@ class InFlight:
     """Script calls sent on a connection of their own, their replies not read yet."""
 
     def __init__(self, scripts: Scripts, prepared: Sequence[Prepared[Any]],
-                 calls: list[ScriptCall], doing: str) -> None:
+                 calls: list[Call], doing: str) -> None:
         self._scripts, self._prepared, self._calls, self._doing = scripts, prepared, calls, doing
         self.replies: list[Any] | None = None
         self.conn: Any = None
@@ -389,10 +423,11 @@ class InFlight:
         if wait is not None:
             replies, acks = replies[:-1], replies[-1:]
             check_acks(self._scripts.client, acks, wait, self._doing)
-        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        missing = [i for i, reply in enumerate(replies)
+                   if isinstance(reply, NoScriptError) and isinstance(calls[i], ScriptCall)]
         for i, reply in enumerate(replies):
             if isinstance(reply, Exception) and i not in missing:
-                raise wrap_redis_error(reply, f"{self._doing} ({calls[i].script})") from reply
+                raise wrap_redis_error(reply, f"{self._doing} ({_label(calls[i])})") from reply
         if missing:
             self._scripts.load_all()
             again = self._scripts.run([calls[i] for i in missing], doing=self._doing)

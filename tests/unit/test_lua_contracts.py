@@ -106,7 +106,9 @@ def returned_codes(name: str) -> list[tuple[int, str]]:
 
 
 def test_every_dedup_script_is_checked() -> None:
-    assert {name for name in SCRIPTS if name.startswith("dedup_")} == set(CONTRACTS)
+    # dedup_open answers with the clock and a flag, not a code per claim
+    assert {name for name in SCRIPTS if name.startswith("dedup_")} - {"dedup_open"} \
+        == set(CONTRACTS)
 
 
 def test_every_script_has_one_binding() -> None:

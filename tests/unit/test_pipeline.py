@@ -11,7 +11,7 @@ and what retries and BUSY waits send.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -28,7 +28,7 @@ from eoguard.consumer.state import Batch, BatchStage
 from eoguard.consumer.trace import TracedPipeline
 from eoguard.errors import StoreError
 from eoguard.stack.feed import envelope
-from eoguard.store.dedup import ClaimResult, DedupStore, DoneResult
+from eoguard.store.dedup import Claim, ClaimReport, ClaimResult, DedupStore, DoneResult
 from eoguard.store.keys import KeySpace
 from eoguard.store.scripts import Prepared
 from tests.consumer_kit import Record
@@ -45,6 +45,16 @@ class Sink:
 
     def flush(self, timeout_s: float = 30.0) -> None:
         pass
+
+
+class ScriptedStore(DedupStore):
+    """Claims by the script only, the calls :class:`Stub` answers: a fresh pass's plain
+    commands (store/dedup_fresh.py) are tested against Redis (tests/integration/
+    test_dedup_fresh.py), and the pipeline sends what the store prepares either way."""
+
+    def prepare_claim(self, token: str, claims: Sequence[Claim], *, give_up_busy: bool = False,
+                      fresh: bool = False) -> Prepared[ClaimReport]:
+        return super().prepare_claim(token, claims, give_up_busy=give_up_busy)
 
 
 class Stub:
@@ -120,7 +130,7 @@ class Harness:
                                 retry_backoff_max_s=0.002, busy_wait_s=5.0,
                                 trace_messages=trace_messages)
         # A client that is never connected: preparing calls touches no server.
-        store = DedupStore(redis.Redis(port=1), scope="app", keys=keys)
+        store = ScriptedStore(redis.Redis(port=1), scope="app", keys=keys)
         self.stub = Stub(store)
         self.sink = Sink()
         self.handled: list[str] = []

@@ -10,7 +10,7 @@ every script's header against its binding's contract. A reply asking for undecla
 
 from __future__ import annotations
 
-from eoguard.store.bindings.dedup import DedupClaim, DedupDone, DedupRelease, DedupRenew
+from eoguard.store.bindings.dedup import DedupClaim, DedupDone, DedupOpen, DedupRelease, DedupRenew
 from eoguard.store.bindings.layout import Binding
 from eoguard.store.bindings.liveness import LiveHeartbeat, LiveRead
 from eoguard.store.bindings.outbox import OutboxAck, OutboxClaimForResend, OutboxSweep, OutboxWrite
@@ -18,7 +18,7 @@ from eoguard.store.bindings.outbox import OutboxAck, OutboxClaimForResend, Outbo
 __all__ = ["BINDINGS"]
 
 BINDINGS: tuple[type[Binding], ...] = (
-    DedupClaim, DedupDone, DedupRelease, DedupRenew,
+    DedupClaim, DedupDone, DedupOpen, DedupRelease, DedupRenew,
     LiveHeartbeat, LiveRead,
     OutboxAck, OutboxClaimForResend, OutboxSweep, OutboxWrite,
 )

@@ -25,12 +25,13 @@ from eoguard.store.dedup_types import (
     ReleaseResult,
     RenewResult,
 )
-from eoguard.store.scripts import ScriptArg, ScriptCall
+from eoguard.store.scripts import Command, ScriptArg, ScriptCall, lua_script
 
 __all__ = [
     "ClaimGroup",
     "DedupClaim",
     "DedupDone",
+    "DedupOpen",
     "DedupRelease",
     "DedupRenew",
     "DoneGroup",
@@ -319,6 +320,36 @@ class DedupRelease(Binding):
         for i, code in zip(order, b"".join(replies), strict=True):
             results[i] = _RELEASE[code - 48]
         return results
+
+
+# dedup_open --------------------------------------------------------------------------------
+class OpenReply(NamedTuple):
+    """A ``dedup_open`` call's reply."""
+
+    now_ms: int
+    opened: int  # 1: every record written; 0: one existed (the token is not fresh)
+
+
+class DedupOpen(Binding):
+    """``dedup_open``: a fresh pass's batch records, written before its claims' plain SETs.
+
+    Built as an ``EVAL`` of the source, never ``EVALSHA`` (the script's header says why)."""
+
+    contract = Contract(
+        "dedup_open",
+        keys=Layout(Run("record", "g")),
+        argv=Layout(Fixed(("lease_ms", "bound_ms")), Run("latest_pxat", "g")),
+        returns=Returns(OpenReply._fields))
+
+    @classmethod
+    def build(cls, *, records: Sequence[str], lease_ms: int, bound_ms: int,
+              latest_pxat: Sequence[int]) -> Command:
+        return Command("EVAL", (lua_script(cls.contract.script).source, len(records), *records,
+                                lease_ms, bound_ms, *latest_pxat))
+
+    @staticmethod
+    def parse(reply: Sequence[Any]) -> OpenReply:
+        return OpenReply(int(reply[0]), int(reply[1]))
 
 
 # dedup_renew -------------------------------------------------------------------------------

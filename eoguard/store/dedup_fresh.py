@@ -1,0 +1,146 @@
+"""A fresh claim pass's new claims as plain commands: one ``SET NX GET PXAT`` a claim.
+
+Most claims of a consumer batch find no key. For those, ``dedup_claim.lua``'s work (an MGET,
+its checks, a SET issued from Lua) costs Redis about twice what a pipelined ``SET`` does. So a
+*fresh* pass (a token nothing was claimed under: a consumer batch's) on a single node sends,
+in its round trip::
+
+    EVAL dedup_open                                    its batch records, by Redis's clock
+    SET <claim key> c|<token>|<position> NX GET PXAT <expires_at + grace>   a claim each
+
+and claims by ``dedup_claim`` in one more round trip, under the same token, each claim whose
+SET found a key (a redelivery, a duplicate, an id twice in the batch) or that was not sent so
+(below). docs/design.md §4 ("A fresh pass's claims") states the rules; each holds what the
+script holds:
+
+- A claim key never names a token without its record: the open script runs first on the same
+  connection, and it is an ``EVAL`` of the source, so a server that lost its scripts runs it
+  too (an EVALSHA answered NOSCRIPT would leave the SETs after it claiming for no record, and
+  another pass takes such claims over as lapsed).
+- Expiry by Redis's clock: a claim that landed NEW for a message whose ``expires_at`` is not
+  after the open script's clock is deleted in the second round trip (``dedup_release``) and
+  reported EXPIRED: what the script answers, having written nothing.
+- The bound: a claim goes by SET only when its PXAT is within ``max_ttl + grace`` of the last
+  clock of Redis this store read; Redis's clock moves on, so no key outlives the bound. The
+  others go to the script, which clamps them. (A first pass has read no clock: it goes to the
+  script, with a ``TIME``.)
+- Atomic per key, as the script's read and write of each key are; a fresh token is not done
+  (STALE) and gave nothing up (PASSED), the two outcomes that need the pass's state.
+
+On Redis Cluster a pass always goes to the script: a plain command redirected during a slot
+migration may run after the claims behind it, and the record must come first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from eoguard.errors import StateError
+from eoguard.store.bindings.dedup import DedupOpen
+from eoguard.store.dedup_types import Claim, ClaimReport, ClaimResult
+from eoguard.store.scripts import Call, Command, Prepared
+
+if TYPE_CHECKING:
+    from eoguard.store.dedup import DedupStore
+
+__all__ = ["prepare_fresh_claim"]
+
+_NEW, _EXPIRED = ClaimResult.NEW, ClaimResult.EXPIRED
+_TIME = Command("TIME", ())
+
+
+def prepare_fresh_claim(store: DedupStore, token: str, claims: Sequence[Claim]
+                        ) -> Prepared[ClaimReport]:
+    """The claims of the fresh pass ``token``: plain SETs for those within the bound of the
+    clock last read, the script (in a second round trip) for the rest."""
+    clock = store.redis_now_ms
+    if clock is None:  # no clock read yet: the script, and a TIME for the next pass
+        scripted = store.prepare_claim(token, claims)
+        calls = len(scripted.calls)
+
+        def first(replies: list[Any]) -> ClaimReport:
+            seconds, micros = replies[calls]
+            store.redis_now_ms = int(seconds) * 1000 + int(micros) // 1000
+            return scripted.parse(replies[:calls])
+
+        return Prepared([*scripted.calls, _TIME], first)
+    grace = store.grace_ms
+    bound_ms = store.keys.max_ttl_ms + grace
+    latest_at = clock + bound_ms  # a PXAT past this goes to the script, which clamps it
+    value = f"c|{token}|"
+    sent: list[int] = []
+    commands: list[Call] = []
+    latest: dict[int, int] = {}
+    for i, claim in enumerate(claims):
+        pxat = claim[2] + grace
+        if pxat > latest_at:
+            continue
+        shard = claim[3] if claim[3] >= 0 else store.keys.shard_of(claim[0])
+        sent.append(i)
+        commands.append(Command("SET", (claim[4] or store.key(claim[0]),
+                                        value + claim[1], "NX", "GET", "PXAT", pxat)))
+        if pxat > latest.get(shard, 0):
+            latest[shard] = pxat
+    if not sent:
+        return store.prepare_claim(token, claims)
+    shards = sorted(latest)
+    records = [record for _, record in store.records(token, [claims[i] for i in sent])]
+    opener = DedupOpen.build(records=records, lease_ms=store.lease_ms, bound_ms=bound_ms,
+                             latest_pxat=[latest[shard] for shard in shards])
+
+    def parse(replies: list[Any]) -> ClaimReport:
+        opened = DedupOpen.parse(replies[0])
+        store.redis_now_ms = now = opened.now_ms
+        results: list[Any] = [None] * len(claims)
+        taken = set(sent)
+        again = [i for i in range(len(claims)) if i not in taken]  # past the bound
+        written: list[int] = []  # NEW, but expired by Redis's clock: deleted
+        for i, found in zip(sent, replies[1:], strict=True):
+            if found is not None:
+                again.append(i)
+            elif claims[i][2] <= now or not opened.opened:
+                written.append(i)
+                results[i] = _EXPIRED
+            else:
+                results[i] = _NEW
+        if not opened.opened:
+            _unwrite(store, token, [claims[i] for i in written])
+        if not (again or written):
+            return ClaimReport(results, {})
+        return _second_pass(store, token, claims, results=results, again=sorted(again),
+                            written=written)
+
+    return Prepared([opener, *commands], parse)
+
+
+def _second_pass(store: DedupStore, token: str, claims: Sequence[Claim], *,
+                 results: list[Any], again: list[int], written: list[int]) -> ClaimReport:
+    """One more round trip: the NEW claims of expired messages deleted, then the claims the
+    SETs did not make (``again``) claimed by the script, under the same token."""
+    prepared: list[Prepared[Any]] = []
+    if written:
+        prepared.append(store.prepare_release(token, [claims[i] for i in written]))
+    if again:
+        prepared.append(store.prepare_claim(token, [claims[i] for i in again]))
+    replies = store.run(prepared, "claiming a batch")
+    lease_ms: dict[int, int] = {}
+    holders: dict[int, str] = {}
+    if again:
+        report: ClaimReport = replies[-1]
+        for at, i in enumerate(again):
+            results[i] = report.results[at]
+            if at in report.lease_ms:
+                lease_ms[i] = report.lease_ms[at]
+            if at in report.holders:
+                holders[i] = report.holders[at]
+    return ClaimReport(results, lease_ms, holders)
+
+
+def _unwrite(store: DedupStore, token: str, claims: Sequence[Claim]) -> None:
+    """The SETs wrote claims under a token whose record existed (it was not fresh): deleted,
+    and the caller told. Deleted outright: the record may be done, where a release keeps its
+    keys (done, they would mark messages nobody handled)."""
+    for claim in claims:
+        store.forget(claim[0])
+    raise StateError(f"claim pass {token} is not fresh: its batch records exist already")
