@@ -1,0 +1,156 @@
+"""A fresh pass's claims (store/dedup_fresh.py) against real Redis: the same outcomes, keys and
+expiries as the script's, with the script's rules kept where the plain SETs cannot judge.
+
+Every outcome is checked against the script path on a twin scope holding the same state: the
+fresh path must be the script's answer, written by other means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pytest
+import redis
+
+from eoguard.envelope import new_message_id, now_ms
+from eoguard.errors import StateError
+from eoguard.store.dedup import Claim, ClaimResult, DedupStore
+from eoguard.store.keys import KeySpace
+from eoguard.store.scripts import Command
+from tests.dedup_kit import GRACE_MS, LEASE_MS, claim_of, keys_under, value
+from tests.integration.test_dedup_calls import calls_since, command_calls
+
+pytestmark = pytest.mark.integration
+
+MAX_TTL_MS = 3_600_000
+NEW, MINE, DONE_HERE, DUPLICATE, BUSY, EXPIRED = tuple(ClaimResult)[:6]
+
+
+def scoped(client: redis.Redis, prefix: str, scope: str) -> DedupStore:
+    return DedupStore(client, scope=scope, lease_ms=LEASE_MS, grace_ms=GRACE_MS,
+                      keys=KeySpace(prefix=prefix, max_ttl_ms=MAX_TTL_MS))
+
+
+def results(store: DedupStore, token: str, claims: Sequence[Claim], *, fresh: bool
+            ) -> list[tuple[ClaimResult, bool]]:
+    """Each claim's result, and whether its holder is the claiming pass (for BUSY)."""
+    report = store._run(store.prepare_claim(token, claims, fresh=fresh), "claiming")
+    return [(result, report.holders.get(i) == token) for i, result in enumerate(report.results)]
+
+
+def build_state(store: DedupStore) -> Callable[[], list[Claim]]:
+    """The state every outcome needs, made by the script path; returns the batch to claim."""
+    ids = {name: new_message_id() for name in
+           ("busy", "done_elsewhere", "done_here", "mine", "fresh", "twice", "expired", "far")}
+    live, done, reread = store.new_token(), store.new_token(), store.new_token()
+    store.claim(live, [claim_of(store, ids["busy"], 900)])
+    done_claims = [claim_of(store, ids["done_elsewhere"], 901), claim_of(store, ids["done_here"], 3)]
+    store.claim(done, done_claims)
+    store.done(done, done_claims)
+    store.claim(reread, [claim_of(store, ids["mine"], 4)])
+
+    def batch() -> list[Claim]:
+        now = now_ms()
+        return [claim_of(store, ids["fresh"], 1), claim_of(store, ids["busy"], 2),
+                claim_of(store, ids["done_here"], 3), claim_of(store, ids["mine"], 4),
+                claim_of(store, ids["done_elsewhere"], 5), claim_of(store, ids["twice"], 6),
+                claim_of(store, ids["twice"], 7),
+                store.new_claim(ids["expired"], claim_of(store, "x", 8).position, now - 1),
+                store.new_claim(ids["far"], claim_of(store, "x", 9).position,
+                                now + 10 * MAX_TTL_MS)]
+    return batch
+
+
+def test_a_fresh_pass_answers_what_the_script_answers(redis_client: redis.Redis,
+                                                      key_prefix: str) -> None:
+    script, fresh = (scoped(redis_client, key_prefix, scope) for scope in ("script", "fresh"))
+    warm = fresh.new_token()  # a first pass reads Redis's clock: the fresh path starts after it
+    fresh.claim(warm, [claim_of(fresh, new_message_id(), 0)], fresh=True)
+    assert fresh.redis_now_ms is not None
+    by_script = results(script, script.new_token(), build_state(script)(), fresh=False)
+    token = fresh.new_token()
+    claims = build_state(fresh)()
+    by_fresh = results(fresh, token, claims, fresh=True)
+    print("script:", [(r.name, own) for r, own in by_script])
+    print("fresh: ", [(r.name, own) for r, own in by_fresh])
+    assert by_fresh == by_script
+    assert [r for r, _ in by_fresh] == [NEW, BUSY, DONE_HERE, MINE, DUPLICATE, NEW, BUSY,
+                                        EXPIRED, NEW]
+    assert by_fresh[6] == (BUSY, True)  # the second copy waits on this very pass
+    now = now_ms()
+    expired_key, far_key = claims[7].key, claims[8].key
+    assert redis_client.exists(expired_key) == 0, "an expired message leaves no claim key"
+    far_at = int(redis_client.pexpiretime(far_key))
+    assert far_at <= now + MAX_TTL_MS + GRACE_MS, "the far expiry is clamped by Redis's clock"
+    for claim in (claims[0], claims[5]):  # written by the plain SETs
+        assert value(redis_client, claim.key) == f"c|{token}|{claim.position}"
+        assert int(redis_client.pexpiretime(claim.key)) == claim.expires_at_ms + GRACE_MS
+        [(_, record)] = fresh.records(token, [claim])
+        raw = value(redis_client, record)
+        assert raw is not None
+        assert raw.startswith("o|"), raw
+        assert int(raw[2:]) >= fresh.redis_now_ms + LEASE_MS  # type: ignore[operator]
+        assert int(redis_client.pexpiretime(record)) >= claim.expires_at_ms + GRACE_MS
+    # The done mark covers the fresh claims as it covers the script's.
+    ours = [claims[i] for i in (0, 3, 5, 8)]  # NEW, MINE, NEW, NEW (clamped)
+    assert {d.result.name for d in fresh.done(token, ours)} == {"OK"}
+    again = fresh.new_token()
+    assert [r for r, _ in results(fresh, again, ours, fresh=True)] == [DONE_HERE] * 4
+
+
+def test_fresh_passes_write_plain_sets_after_one_open(own_redis: redis.Redis) -> None:
+    store = DedupStore(own_redis, scope="s", lease_ms=LEASE_MS, grace_ms=GRACE_MS)
+    first, second = store.new_token(), store.new_token()
+    before = command_calls(own_redis)
+    store.claim(first, [claim_of(store, new_message_id(), i) for i in range(300)], fresh=True)
+    on_first = calls_since(own_redis, before)
+    before = command_calls(own_redis)
+    claims = [claim_of(store, new_message_id(), 300 + i) for i in range(300)]
+    assert [o.result for o in store.claim(second, claims, fresh=True)] == [NEW] * 300
+    on_second = calls_since(own_redis, before)
+    print(f"first pass: {on_first}\nsecond pass: {on_second}")
+    assert on_first.get("evalsha") == 1  # the script (and a TIME)
+    assert "eval" not in on_first
+    assert on_second.get("eval") == 1  # the open, then the SETs
+    assert on_second.get("set", 0) >= 300
+    assert "evalsha" not in on_second
+
+
+def test_a_server_that_lost_its_scripts_still_opens_first(own_redis: redis.Redis) -> None:
+    store = DedupStore(own_redis, scope="s", lease_ms=LEASE_MS, grace_ms=GRACE_MS)
+    store.claim(store.new_token(), [claim_of(store, new_message_id(), 0)], fresh=True)
+    own_redis.script_flush()
+    token = store.new_token()
+    claims = [claim_of(store, new_message_id(), 1 + i) for i in range(50)]
+    assert [o.result for o in store.claim(token, claims, fresh=True)] == [NEW] * 50
+    for _, record in store.records(token, claims):
+        raw = value(own_redis, record)
+        assert raw is not None, record
+        assert raw.startswith("o|"), (record, raw)
+
+
+def test_a_token_claimed_under_before_is_refused_and_its_sets_undone(
+        redis_client: redis.Redis, key_prefix: str) -> None:
+    store = scoped(redis_client, key_prefix, "s")
+    token = store.new_token()
+    store.claim(token, [claim_of(store, new_message_id(), 0)], fresh=True)  # the clock
+    held = claim_of(store, new_message_id(), 1)
+    store.claim(token, [held])  # the record of held's shard exists under this token now
+    same_shard = next(c for c in (claim_of(store, new_message_id(), 2 + i) for i in range(200))
+                      if c.shard == held.shard)
+    before = keys_under(redis_client, key_prefix)
+    with pytest.raises(StateError, match="not fresh"):
+        store.claim(token, [same_shard], fresh=True)
+    assert keys_under(redis_client, key_prefix) == before, "the SET's claim was deleted"
+
+
+@pytest.mark.cluster(only=True)
+def test_on_redis_cluster_a_fresh_pass_goes_to_the_script(redis_client: redis.Redis,
+                                                          key_prefix: str) -> None:
+    store = scoped(redis_client, key_prefix, "s")
+    for _ in range(2):  # the second pass would be the plain one on a single node
+        token = store.new_token()
+        claims = [claim_of(store, new_message_id(), i) for i in range(40)]
+        prepared = store.prepare_claim(token, claims, fresh=True)
+        assert not any(isinstance(call, Command) for call in prepared.calls)
+        assert [o.result for o in store.claim(token, claims, fresh=True)] == [NEW] * 40
