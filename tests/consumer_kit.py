@@ -14,6 +14,7 @@ from eoguard.codec import EnvelopeCodec
 from eoguard.config import ConsumerConfig, RedisConfig
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext
+from eoguard.store.dedup import DedupStore
 from eoguard.store.keys import KeySpace
 
 CODEC = EnvelopeCodec()
@@ -35,6 +36,15 @@ def consumer_config(bootstrap: str, redis_url: str, topics: Sequence[str], *, pr
                           topics=tuple(topics),
                           keyspace=KeySpace(prefix=prefix, **({"shards": shards} if shards else {})),
                           **values)
+
+
+def claims_by_script(monkeypatch: Any) -> None:
+    """Consumers claim by the script alone, as before fresh passes (store/dedup_fresh.py): a
+    copy's claim is then answered when its round trip runs, not when it lands, so a test can
+    catch it BUSY behind done marks still in flight."""
+    by_script = DedupStore.prepare_claim
+    monkeypatch.setattr(DedupStore, "prepare_claim", lambda self, token, claims, **kw: by_script(
+        self, token, claims, give_up_busy=kw.get("give_up_busy", False)))
 
 
 def recorder() -> tuple[list[str], Callable[[HandlerContext], None]]:

@@ -24,7 +24,7 @@ from eoguard.store.dedup import Claim, DedupStore, position
 from eoguard.store.keys import KeySpace
 from eoguard.store.liveness import Liveness
 from eoguard.store.outbox import Outbox, OutboxRecord
-from tests.consumer_kit import CODEC, drain, headers_of, read_all, recorder
+from tests.consumer_kit import CODEC, claims_by_script, drain, headers_of, read_all, recorder
 
 pytestmark = pytest.mark.integration
 
@@ -62,10 +62,7 @@ def test_copies_in_the_batches_read_ahead_are_handled_once(make, new_topic, kafk
     # BUSY path is taken; a fresh pass ("fresh", the default) claims a copy that found a key
     # once its round trip landed, the group's done marks with it, so it may be DUPLICATE at once.
     if claims == "script":
-        by_script = DedupStore.prepare_claim
-        monkeypatch.setattr(DedupStore, "prepare_claim",
-                            lambda self, token, batch, **kw: by_script(
-                                self, token, batch, give_up_busy=kw.get("give_up_busy", False)))
+        claims_by_script(monkeypatch)
     topic = new_topic(1)
     envs = [envelope(b"m%d" % i) for i in range(40)]
     records: list[Any] = []
