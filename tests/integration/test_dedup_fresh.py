@@ -7,6 +7,8 @@ fresh path must be the script's answer, written by other means.
 
 from __future__ import annotations
 
+import random
+import threading
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -14,6 +16,7 @@ import redis
 
 from eoguard.envelope import new_message_id, now_ms
 from eoguard.errors import StateError
+from eoguard.store.client import connect
 from eoguard.store.dedup import Claim, ClaimResult, DedupStore
 from eoguard.store.keys import KeySpace
 from eoguard.store.scripts import Command
@@ -154,3 +157,54 @@ def test_on_redis_cluster_a_fresh_pass_goes_to_the_script(redis_client: redis.Re
         prepared = store.prepare_claim(token, claims, fresh=True)
         assert not any(isinstance(call, Command) for call in prepared.calls)
         assert [o.result for o in store.claim(token, claims, fresh=True)] == [NEW] * 40
+
+
+@pytest.mark.cluster
+def test_fresh_and_scripted_passes_racing_on_the_same_ids_take_each_once(
+        redis_url: str, key_prefix: str) -> None:
+    # Four stores on clients of their own claim overlapping random draws of the same 600 ids,
+    # two by fresh passes and two by the script, each pass at positions of its own (so no
+    # claim is MINE): an id is NEW to exactly one pass, whatever the interleaving, and is done.
+    # (On Redis Cluster every pass is the script's: the race of the script with itself.)
+    ids = [new_message_id() for _ in range(600)]
+    new_by: dict[str, list[str]] = {message_id: [] for message_id in ids}
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def run(worker: int) -> None:
+        client = connect(redis_url)
+        store = scoped(client, key_prefix, "race")  # type: ignore[arg-type]
+        rng = random.Random(worker)
+        try:
+            for n in range(25):
+                token = store.new_token()
+                draw = rng.sample(ids, 120)
+                claims = [claim_of(store, message_id, (worker * 100 + n) * 1000 + i)
+                          for i, message_id in enumerate(draw)]
+                report = store.claim(token, claims, fresh=worker % 2 == 0)
+                ours = [o.claim for o in report if o.result is NEW]
+                assert not [o for o in report if o.result not in (NEW, BUSY, DUPLICATE)], report
+                with lock:
+                    for claim in ours:
+                        new_by[claim.message_id].append(token)
+                store.done(token, ours)
+        except BaseException as exc:  # reported by the test below
+            errors.append(exc)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=run, args=(worker,)) for worker in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    taken = {message_id: len(tokens) for message_id, tokens in new_by.items() if tokens}
+    print(f"{len(taken)} of {len(ids)} ids claimed NEW; most passes that took one id: "
+          f"{max(taken.values())}")
+    assert set(taken.values()) == {1}
+    checker = scoped(connect(redis_url), key_prefix, "race")  # type: ignore[arg-type]
+    now = now_ms()
+    states = {entry.id_state(now).name if entry else "ABSENT"
+              for entry in map(checker.check, taken)}
+    assert states == {"DONE"}, states
