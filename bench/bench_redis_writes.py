@@ -9,10 +9,13 @@ system, main thread) per key for:
 
   claim (script)       DedupStore.claim: ``dedup_claim.lua``, one call per batch (SET NX PXAT
                        per message, one batch record per shard)
+  claim (fresh)        DedupStore.claim of a fresh pass, as a consumer batch claims: the
+                       ``dedup_open`` EVAL, then a pipelined ``SET NX GET PXAT`` per message
   claim (plain SET)    the same key writes as pipelined ``SET key value NX PXAT`` commands
   done (script)        DedupStore.done: ``dedup_done.lua`` (a GET per message, fenced; the
                        batch records marked done)
   done (plain SET)     what a done mark per key costs plain: ``SET key value XX KEEPTTL GET``
+  done (fresh)         DedupStore.done after a fresh pass (the script's, as above)
 
 Each pair runs on the same server, interleaved, batch by batch. Use a private Redis started
 like the stack's (AOF, ``appendfsync always``): the figures include its AOF writes; the AOF
@@ -78,8 +81,14 @@ def main() -> None:
     def script_done(claims: list[Claim]) -> None:
         store.done(tokens.pop(id(claims)), claims)
 
+    def fresh_claim(claims: list[Claim]) -> None:
+        tokens[id(claims)] = store.new_token()
+        store.claim(tokens[id(claims)], claims, fresh=True)
+
+    fresh_claim([store.new_claim(new_message_id(), position("b", "t", 1, 0), expires)])
     steps: dict[str, tuple[Step, Step]] = {
         "script": (script_claim, script_done),
+        "fresh": (fresh_claim, script_done),
         "plain SET": (plain_claim(client, store), plain_done(client)),
     }
     spent = {f"{step} ({way})": 0.0 for way in steps for step in ("claim", "done")}
