@@ -156,7 +156,8 @@ class DedupStore:
         ``fresh``: nothing was ever claimed under ``token`` (a consumer batch's new token). On a
         single node its new claims then go out as plain ``SET NX GET`` commands, the others by
         the script in one more round trip, made when the replies are parsed
-        (:mod:`eoguard.store.dedup_fresh`); a token claimed under before raises StateError.
+        (:mod:`eoguard.store.dedup_fresh`); a token claimed under before is answered as the
+        script answers it.
         """
         _check_token(token)
         if fresh and claims and not give_up_busy and self._shards.one_call:

@@ -21,11 +21,21 @@ script holds:
   after the open script's clock is deleted in the second round trip (``dedup_release``) and
   reported EXPIRED: what the script answers, having written nothing.
 - The bound: a claim goes by SET only when its PXAT is within ``max_ttl + grace`` of the last
-  clock of Redis this store read; Redis's clock moves on, so no key outlives the bound. The
-  others go to the script, which clamps them. (A first pass has read no clock: it goes to the
-  script, with a ``TIME``.)
+  clock of Redis this store read; the others go to the script, which clamps them. (A first
+  pass has read no clock: it goes to the script, with a ``TIME``.) A SET's claim past the
+  bound by the open's clock (Redis's clock stepped back since it was read) is released and
+  claimed by the script in the second round trip, so none outlives its record.
 - Atomic per key, as the script's read and write of each key are; a fresh token is not done
   (STALE) and gave nothing up (PASSED), the two outcomes that need the pass's state.
+- A token that is not fresh after all (redis-py resent the pipeline after a dropped
+  connection, the first send having run; or a caller's mistake): the open finds its record
+  and writes nothing, what the SETs wrote is deleted if it still holds what they wrote, and
+  every claim goes to the script: the answers are the script's for a token claimed under
+  before (a claim the first send wrote is MINE; under a done token, STALE).
+
+A pass whose round trip fails midway (Redis out of memory between two SETs) may leave claims
+under its token, with their records, as a consumer that stopped mid-batch does: the consumer
+re-reads the batch, and its next pass finds them MINE.
 
 On Redis Cluster a pass always goes to the script: a plain command redirected during a slot
 migration may run after the claims behind it, and the record must come first.
@@ -36,8 +46,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from eoguard.errors import StateError
+import redis
+
 from eoguard.store.bindings.dedup import DedupOpen
+from eoguard.store.client import wrap_redis_error
 from eoguard.store.dedup_types import Claim, ClaimReport, ClaimResult
 from eoguard.store.scripts import Call, Command, Prepared
 
@@ -90,37 +102,55 @@ def prepare_fresh_claim(store: DedupStore, token: str, claims: Sequence[Claim]
                              latest_pxat=[latest[shard] for shard in shards])
 
     def parse(replies: list[Any]) -> ClaimReport:
-        opened = DedupOpen.parse(replies[0])
-        store.redis_now_ms = now = opened.now_ms
-        results: list[Any] = [None] * len(claims)
-        taken = set(sent)
-        again = [i for i in range(len(claims)) if i not in taken]  # past the bound
-        written: list[int] = []  # NEW, but expired by Redis's clock: deleted
-        for i, found in zip(sent, replies[1:], strict=True):
-            if found is not None:
-                again.append(i)
-            elif claims[i][2] <= now or not opened.opened:
-                written.append(i)
-                results[i] = _EXPIRED
-            else:
-                results[i] = _NEW
-        if not opened.opened:
-            _unwrite(store, token, [claims[i] for i in written])
-        if not (again or written):
-            return ClaimReport(results, {})
-        return _second_pass(store, token, claims, results=results, again=sorted(again),
-                            written=written)
+        return _landed(store, token, claims, sent, replies)
 
     return Prepared([opener, *commands], parse)
 
 
+def _landed(store: DedupStore, token: str, claims: Sequence[Claim], sent: list[int],
+            replies: list[Any]) -> ClaimReport:
+    """The pass's report from the replies of its open and its SETs (``sent``: the claims they
+    wrote, in order), with the second round trip made when one is needed."""
+    opened = DedupOpen.parse(replies[0])
+    store.redis_now_ms = now = opened.now_ms
+    grace = store.grace_ms
+    limit = now + store.keys.max_ttl_ms + grace
+    results: list[Any] = [None] * len(claims)
+    taken = set(sent)
+    again = [i for i in range(len(claims)) if i not in taken]  # past the bound
+    written: list[int] = []  # claims the SETs wrote
+    for i, found in zip(sent, replies[1:], strict=True):
+        if found is None:
+            written.append(i)
+        else:
+            again.append(i)
+    if not opened.opened:  # the token was claimed under before: every claim by the script
+        return _not_fresh(store, token, claims, written)
+    released: list[int] = []  # written, but not to keep as the SET left them
+    for i in written:
+        expires_at = claims[i][2]
+        if expires_at <= now:  # expired by Redis's clock: EXPIRED, no key left
+            released.append(i)
+            results[i] = _EXPIRED
+        elif expires_at + grace > limit:  # past the bound by Redis's clock (it stepped back
+            released.append(i)            # since the clock was read): claimed again by the
+            again.append(i)               # script, which clamps it
+        else:
+            results[i] = _NEW
+    if not (again or released):
+        return ClaimReport(results, {})
+    return _second_pass(store, token, claims, results=results, again=sorted(again),
+                        released=released)
+
+
 def _second_pass(store: DedupStore, token: str, claims: Sequence[Claim], *,
-                 results: list[Any], again: list[int], written: list[int]) -> ClaimReport:
-    """One more round trip: the NEW claims of expired messages deleted, then the claims the
-    SETs did not make (``again``) claimed by the script, under the same token."""
+                 results: list[Any], again: list[int], released: list[int]) -> ClaimReport:
+    """One more round trip: the claims the SETs wrote and the pass does not keep released
+    (deleted: their record is this pass's, open), then the claims ``again`` claimed by the
+    script under the same token."""
     prepared: list[Prepared[Any]] = []
-    if written:
-        prepared.append(store.prepare_release(token, [claims[i] for i in written]))
+    if released:
+        prepared.append(store.prepare_release(token, [claims[i] for i in released]))
     if again:
         prepared.append(store.prepare_claim(token, [claims[i] for i in again]))
     replies = store.run(prepared, "claiming a batch")
@@ -137,10 +167,34 @@ def _second_pass(store: DedupStore, token: str, claims: Sequence[Claim], *,
     return ClaimReport(results, lease_ms, holders)
 
 
-def _unwrite(store: DedupStore, token: str, claims: Sequence[Claim]) -> None:
-    """The SETs wrote claims under a token whose record existed (it was not fresh): deleted,
-    and the caller told. Deleted outright: the record may be done, where a release keeps its
-    keys (done, they would mark messages nobody handled)."""
-    for claim in claims:
-        store.forget(claim[0])
-    raise StateError(f"claim pass {token} is not fresh: its batch records exist already")
+def _not_fresh(store: DedupStore, token: str, claims: Sequence[Claim], written: list[int]
+               ) -> ClaimReport:
+    """The open found a record of the token: its pipeline was sent again (redis-py resends
+    one after a dropped connection, and the first send had run), or a caller used the token
+    before. What the SETs wrote in this send is deleted if it still holds what they wrote
+    (compared and deleted in one transaction: a release keeps the keys of a done batch, where
+    they would mark messages nobody handled); then every claim goes to the script, which
+    answers as for a token claimed under before (a claim the first send wrote is MINE; under
+    a done token, STALE)."""
+    value = f"c|{token}|"
+    for i in written:
+        claim = claims[i]
+        _delete_if(store, claim[4] or store.key(claim[0]), value + claim[1])
+    report: ClaimReport = store.run([store.prepare_claim(token, claims)], "claiming a batch")[0]
+    return report
+
+
+def _delete_if(store: DedupStore, key: str, expected: str) -> None:
+    """Delete ``key`` if it holds ``expected`` (WATCH, GET, MULTI/DEL/EXEC, retried while
+    another client writes it meanwhile)."""
+    def delete(pipe: Any) -> None:
+        held = pipe.get(key)
+        if held is not None and (held.decode() if isinstance(held, bytes) else held) == expected:
+            pipe.multi()
+            pipe.delete(key)
+
+    client: Any = store.client  # a single node's: the fresh path runs nowhere else
+    try:
+        client.transaction(delete, key)
+    except redis.RedisError as exc:
+        raise wrap_redis_error(exc, "deleting a claim the pass does not keep") from exc

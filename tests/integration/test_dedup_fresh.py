@@ -15,7 +15,6 @@ import pytest
 import redis
 
 from eoguard.envelope import new_message_id, now_ms
-from eoguard.errors import StateError
 from eoguard.store.client import connect
 from eoguard.store.dedup import Claim, ClaimResult, DedupStore
 from eoguard.store.keys import KeySpace
@@ -26,12 +25,12 @@ from tests.integration.test_dedup_calls import calls_since, command_calls
 pytestmark = pytest.mark.integration
 
 MAX_TTL_MS = 3_600_000
-NEW, MINE, DONE_HERE, DUPLICATE, BUSY, EXPIRED = tuple(ClaimResult)[:6]
+NEW, MINE, DONE_HERE, DUPLICATE, BUSY, EXPIRED, _, STALE = tuple(ClaimResult)[:8]
 
 
-def scoped(client: redis.Redis, prefix: str, scope: str) -> DedupStore:
+def scoped(client: redis.Redis, prefix: str, scope: str, shards: int = 16) -> DedupStore:
     return DedupStore(client, scope=scope, lease_ms=LEASE_MS, grace_ms=GRACE_MS,
-                      keys=KeySpace(prefix=prefix, max_ttl_ms=MAX_TTL_MS))
+                      keys=KeySpace(prefix=prefix, max_ttl_ms=MAX_TTL_MS, shards=shards))
 
 
 def results(store: DedupStore, token: str, claims: Sequence[Claim], *, fresh: bool
@@ -132,19 +131,58 @@ def test_a_server_that_lost_its_scripts_still_opens_first(own_redis: redis.Redis
         assert raw.startswith("o|"), (record, raw)
 
 
-def test_a_token_claimed_under_before_is_refused_and_its_sets_undone(
-        redis_client: redis.Redis, key_prefix: str) -> None:
+def test_a_resent_fresh_pass_finds_its_own_claims_mine(redis_client: redis.Redis,
+                                                       key_prefix: str) -> None:
+    # redis-py resends a pipeline after a dropped connection; if the first send ran, the open
+    # finds the pass's records: every claim goes to the script, which finds them its own.
     store = scoped(redis_client, key_prefix, "s")
+    store.claim(store.new_token(), [claim_of(store, new_message_id(), 0)], fresh=True)  # clock
+    token = store.new_token()
+    claims = [claim_of(store, new_message_id(), 1 + i) for i in range(40)]
+    prepared = store.prepare_claim(token, claims, fresh=True)
+    [first] = store.run([prepared])
+    [resent] = store.run([prepared])
+    assert first.results == [NEW] * 40
+    assert resent.results == [MINE] * 40
+    for claim in claims:
+        assert value(redis_client, claim.key) == f"c|{token}|{claim.position}"
+
+
+def test_a_done_token_claimed_fresh_again_keeps_no_claim_of_the_second_pass(
+        redis_client: redis.Redis, key_prefix: str) -> None:
+    store = scoped(redis_client, key_prefix, "s", shards=1)  # one record: the token's, done
     token = store.new_token()
     store.claim(token, [claim_of(store, new_message_id(), 0)], fresh=True)  # the clock
-    held = claim_of(store, new_message_id(), 1)
-    store.claim(token, [held])  # the record of held's shard exists under this token now
-    same_shard = next(c for c in (claim_of(store, new_message_id(), 2 + i) for i in range(200))
-                      if c.shard == held.shard)
+    first = [claim_of(store, new_message_id(), 1 + i) for i in range(40)]
+    store.claim(token, first)
+    store.done(token, first)
     before = keys_under(redis_client, key_prefix)
-    with pytest.raises(StateError, match="not fresh"):
-        store.claim(token, [same_shard], fresh=True)
-    assert keys_under(redis_client, key_prefix) == before, "the SET's claim was deleted"
+    later = [claim_of(store, new_message_id(), 100 + i) for i in range(40)]
+    assert [o.result for o in store.claim(token, later, fresh=True)] == [STALE] * 40
+    assert keys_under(redis_client, key_prefix) == before, \
+        "a claim under a done token would mark a message nobody handled"
+
+
+def test_a_clock_read_ahead_of_redis_never_lets_a_claim_outlive_the_bound(
+        redis_client: redis.Redis, key_prefix: str) -> None:
+    # As if Redis's clock stepped back an hour since the store read it: a claim within the
+    # bound by the stale clock but past it by Redis's own is claimed again by the script.
+    store = scoped(redis_client, key_prefix, "s")
+    store.claim(store.new_token(), [claim_of(store, new_message_id(), 0)], fresh=True)
+    assert store.redis_now_ms is not None
+    store.redis_now_ms += 3_600_000
+    token = store.new_token()
+    edge = store.new_claim(new_message_id(), claim_of(store, "x", 1).position,
+                           now_ms() + MAX_TTL_MS + 1_800_000)
+    near = claim_of(store, new_message_id(), 2)
+    assert [o.result for o in store.claim(token, [edge, near], fresh=True)] == [NEW, NEW]
+    bound = now_ms() + MAX_TTL_MS + GRACE_MS
+    [(_, record)] = store.records(token, [edge])
+    edge_at = int(redis_client.pexpiretime(edge.key))
+    print(f"edge claim expires {bound - edge_at} ms before the bound; its record at "
+          f"{int(redis_client.pexpiretime(record)) - edge_at} ms after it")
+    assert edge_at <= bound
+    assert int(redis_client.pexpiretime(record)) >= edge_at
 
 
 @pytest.mark.cluster(only=True)
