@@ -86,13 +86,13 @@ def prepare_fresh_claim(store: DedupStore, token: str, claims: Sequence[Claim]
     latest: dict[int, int] = {}
     for i, claim in enumerate(claims):
         pxat = claim[2] + grace
-        if pxat > latest_at:
-            continue
+        if pxat > latest_at or claim[2] <= clock:  # past the bound, or expired already: the
+            continue                              # script judges it (a SET's PXAT must be > 0)
         shard = claim[3] if claim[3] >= 0 else store.keys.shard_of(claim[0])
         sent.append(i)
         commands.append(Command("SET", (claim[4] or store.key(claim[0]),
                                         value + claim[1], "NX", "GET", "PXAT", pxat)))
-        if pxat > latest.get(shard, 0):
+        if pxat > latest.get(shard, -1):
             latest[shard] = pxat
     if not sent:
         return store.prepare_claim(token, claims)

@@ -246,3 +246,19 @@ def test_fresh_and_scripted_passes_racing_on_the_same_ids_take_each_once(
     states = {entry.id_state(now).name if entry else "ABSENT"
               for entry in map(checker.check, taken)}
     assert states == {"DONE"}, states
+
+
+def test_claims_expired_by_the_clock_read_go_to_the_script(redis_client: redis.Redis,
+                                                           key_prefix: str) -> None:
+    # Expiries at or before the clock the store read (0 among them: a PXAT of 0 is no
+    # expiry a SET takes) are the script's to judge; the rest of the pass still opens first.
+    store = DedupStore(redis_client, scope="s", lease_ms=LEASE_MS, grace_ms=0,
+                       keys=KeySpace(prefix=key_prefix, max_ttl_ms=MAX_TTL_MS))
+    store.claim(store.new_token(), [claim_of(store, new_message_id(), 0)], fresh=True)
+    token = store.new_token()
+    at = claim_of(store, "x", 1).position
+    claims = [store.new_claim(new_message_id(), at, 0),
+              store.new_claim(new_message_id(), at + "0", now_ms() - 1),
+              claim_of(store, new_message_id(), 3)]
+    assert [o.result for o in store.claim(token, claims, fresh=True)] == [EXPIRED, EXPIRED, NEW]
+    assert [redis_client.exists(c.key) for c in claims] == [0, 0, 1]
