@@ -153,11 +153,10 @@ class DedupStore:
         several attempts (a Spark task): its attempts then agree on every row, whichever runs
         last (docs/design.md §7).
 
-        ``fresh``: nothing was ever claimed under ``token`` (a consumer batch's new token). On a
-        single node its new claims then go out as plain ``SET NX GET`` commands, the others by
-        the script in one more round trip, made when the replies are parsed
-        (:mod:`eoguard.store.dedup_fresh`); a token claimed under before is answered as the
-        script answers it.
+        ``fresh``: ``token`` was drawn for this pass and nothing was claimed under it (a
+        consumer batch's). On a single node its new claims then go out as plain ``SET NX GET``
+        commands, the others by the script in one more round trip, made when the replies are
+        parsed (:mod:`eoguard.store.dedup_fresh`, which says what a reused token costs).
         """
         _check_token(token)
         if fresh and claims and not give_up_busy and self._shards.one_call:

@@ -28,10 +28,12 @@ script holds:
 - Atomic per key, as the script's read and write of each key are; a fresh token is not done
   (STALE) and gave nothing up (PASSED), the two outcomes that need the pass's state.
 - A token that is not fresh after all (redis-py resent the pipeline after a dropped
-  connection, the first send having run; or a caller's mistake): the open finds its record
-  and writes nothing, what the SETs wrote is deleted if it still holds what they wrote, and
-  every claim goes to the script: the answers are the script's for a token claimed under
-  before (a claim the first send wrote is MINE; under a done token, STALE).
+  connection, the first send having run): the open finds its record and writes nothing, what
+  the SETs wrote is deleted if it still holds what they wrote, and every claim goes to the
+  script, which answers as for a token claimed under before (a claim the first send wrote is
+  MINE). A token a caller used before is a mistake this only mends once the call returns:
+  under a done token, the SETs' claims read as done until they are deleted, and stay if the
+  deletion fails. ``fresh`` is for a token drawn for this pass (a consumer's, 64 random bits).
 
 A pass whose round trip fails midway (Redis out of memory between two SETs) may leave claims
 under its token, with their records, as a consumer that stopped mid-batch does: the consumer
