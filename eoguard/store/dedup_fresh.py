@@ -64,6 +64,11 @@ _NEW, _EXPIRED = ClaimResult.NEW, ClaimResult.EXPIRED
 _TIME = Command("TIME", ())
 
 
+def _claimed_by(token: str) -> str:
+    """A claim key's value under ``token`` without its position (lua/lib/dedup_values.lua)."""
+    return f"c|{token}|"
+
+
 def prepare_fresh_claim(store: DedupStore, token: str, claims: Sequence[Claim]
                         ) -> Prepared[ClaimReport]:
     """The claims of the fresh pass ``token``: plain SETs for those within the bound of the
@@ -82,14 +87,16 @@ def prepare_fresh_claim(store: DedupStore, token: str, claims: Sequence[Claim]
     grace = store.grace_ms
     bound_ms = store.keys.max_ttl_ms + grace
     latest_at = clock + bound_ms  # a PXAT past this goes to the script, which clamps it
-    value = f"c|{token}|"
+    value = _claimed_by(token)
     sent: list[int] = []
+    unsent: list[int] = []
     commands: list[Call] = []
     latest: dict[int, int] = {}
     for i, claim in enumerate(claims):
         pxat = claim[2] + grace
         if pxat > latest_at or claim[2] <= clock:  # past the bound, or expired already: the
-            continue                              # script judges it (a SET's PXAT must be > 0)
+            unsent.append(i)                      # script judges it (a SET's PXAT must be > 0)
+            continue
         shard = claim[3] if claim[3] >= 0 else store.keys.shard_of(claim[0])
         sent.append(i)
         commands.append(Command("SET", (claim[4] or store.key(claim[0]),
@@ -98,28 +105,28 @@ def prepare_fresh_claim(store: DedupStore, token: str, claims: Sequence[Claim]
             latest[shard] = pxat
     if not sent:
         return store.prepare_claim(token, claims)
-    shards = sorted(latest)
-    records = [record for _, record in store.records(token, [claims[i] for i in sent])]
-    opener = DedupOpen.build(records=records, lease_ms=store.lease_ms, bound_ms=bound_ms,
-                             latest_pxat=[latest[shard] for shard in shards])
+    records = store.batch_keys(token, list(latest))  # in shard order
+    opener = DedupOpen.build(records=[record for _, record in records], lease_ms=store.lease_ms,
+                             bound_ms=bound_ms,
+                             latest_pxat=[latest[shard] for shard, _ in records])
 
     def parse(replies: list[Any]) -> ClaimReport:
-        return _landed(store, token, claims, sent, replies)
+        return _landed(store, token, claims, replies, sent=sent, unsent=unsent)
 
     return Prepared([opener, *commands], parse)
 
 
-def _landed(store: DedupStore, token: str, claims: Sequence[Claim], sent: list[int],
-            replies: list[Any]) -> ClaimReport:
+def _landed(store: DedupStore, token: str, claims: Sequence[Claim], replies: list[Any], *,
+            sent: list[int], unsent: list[int]) -> ClaimReport:
     """The pass's report from the replies of its open and its SETs (``sent``: the claims they
-    wrote, in order), with the second round trip made when one is needed."""
+    carried, in order; ``unsent``: those left to the script), with the second round trip made
+    when one is needed."""
     opened = DedupOpen.parse(replies[0])
     store.redis_now_ms = now = opened.now_ms
     grace = store.grace_ms
     limit = now + store.keys.max_ttl_ms + grace
     results: list[Any] = [None] * len(claims)
-    taken = set(sent)
-    again = [i for i in range(len(claims)) if i not in taken]  # past the bound
+    again = list(unsent)  # claimed by the script
     written: list[int] = []  # claims the SETs wrote
     for i, found in zip(sent, replies[1:], strict=True):
         if found is None:
@@ -178,7 +185,7 @@ def _not_fresh(store: DedupStore, token: str, claims: Sequence[Claim], written: 
     they would mark messages nobody handled); then every claim goes to the script, which
     answers as for a token claimed under before (a claim the first send wrote is MINE; under
     a done token, STALE)."""
-    value = f"c|{token}|"
+    value = _claimed_by(token)
     for i in written:
         claim = claims[i]
         _delete_if(store, claim[4] or store.key(claim[0]), value + claim[1])
