@@ -66,3 +66,15 @@ def keys_under(client: redis.Redis, prefix: str) -> set[str]:
 def gone_lapsed(store: DedupStore, token: str, claims: Sequence[Claim]) -> None:
     """End the lease of ``token``'s batch now, as a consumer that stalled would see it lapse."""
     assert set(store.give_back(store.records(token, claims))) == {RenewResult.RENEWED}
+
+
+def command_calls(client: redis.Redis) -> dict[str, int]:
+    """INFO commandstats: calls per command (commands run inside scripts count too)."""
+    return {name.removeprefix("cmdstat_"): int(stats["calls"])
+            for name, stats in client.info("commandstats").items()}
+
+
+def calls_since(client: redis.Redis, before: dict[str, int]) -> dict[str, int]:
+    after = command_calls(client)
+    return {name: n - before.get(name, 0) for name, n in after.items()
+            if n != before.get(name, 0) and name not in ("info", "command|info")}

@@ -34,8 +34,10 @@ from tests.dedup_kit import (
     LEASE_MS,
     MINE,
     NEW,
+    calls_since,
     claim_of,
     claim_results,
+    command_calls,
     deadline_of,
     done_results,
     record_of,
@@ -133,18 +135,6 @@ def test_a_batch_over_every_shard_is_one_call_and_one_round_trip(store: DedupSto
     assert claim_results(store, second, claims) == [DONE_HERE] * 150 + [NEW] * 150
     elsewhere = [claim_of(store, c.message_id, 1_000 + i) for i, c in enumerate(claims)]
     assert claim_results(store, third, elsewhere) == [DUPLICATE] * 150 + [BUSY] * 150
-
-
-def command_calls(client: redis.Redis) -> dict[str, int]:
-    """INFO commandstats: calls per command (commands run inside scripts count too)."""
-    return {name.removeprefix("cmdstat_"): int(stats["calls"])
-            for name, stats in client.info("commandstats").items()}
-
-
-def calls_since(client: redis.Redis, before: dict[str, int]) -> dict[str, int]:
-    after = command_calls(client)
-    return {name: n - before.get(name, 0) for name, n in after.items()
-            if n != before.get(name, 0) and name not in ("info", "command|info")}
 
 
 def writes_of(client: redis.Redis, calls: dict[str, int]) -> dict[str, int]:

@@ -19,8 +19,15 @@ from eoguard.store.client import connect
 from eoguard.store.dedup import Claim, ClaimResult, DedupStore
 from eoguard.store.keys import KeySpace
 from eoguard.store.scripts import Command
-from tests.dedup_kit import GRACE_MS, LEASE_MS, claim_of, keys_under, value
-from tests.integration.test_dedup_calls import calls_since, command_calls
+from tests.dedup_kit import (
+    GRACE_MS,
+    LEASE_MS,
+    calls_since,
+    claim_of,
+    command_calls,
+    keys_under,
+    value,
+)
 
 pytestmark = pytest.mark.integration
 
