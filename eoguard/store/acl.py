@@ -1,0 +1,43 @@
+"""The Redis commands a producer and a consumer send, for an ACL user of least privilege.
+
+Redis checks an ACL user's rights on every command, those a Lua script runs included, so the
+list names what eoguard's scripts call as well as what it sends. A test runs producers (both
+persistence modes, a recovery) and a consumer (claims, done marks with effects, outbox
+acknowledgements) as a user with these rights and nothing more
+(tests/integration/test_least_privilege.py); docs/operations.md shows the rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = ["RUNTIME_COMMANDS", "TRIED_FIRST", "acl_rules"]
+
+RUNTIME_COMMANDS: tuple[str, ...] = (
+    # scripts and plain commands beside them (a consumer's fresh claims: store/dedup_fresh.py)
+    "EVALSHA", "EVAL", "SCRIPT|LOAD", "TIME",
+    "GET", "MGET", "SET", "SETRANGE", "DEL", "EXISTS", "TYPE", "PEXPIREAT", "PEXPIRETIME",
+    "WATCH", "UNWATCH", "MULTI", "EXEC",
+    # outbox indexes and live leases (sorted sets); the prefix's layout (a hash)
+    "ZADD", "ZREM", "ZCARD", "ZRANGE", "ZRANGEBYSCORE", "ZREMRANGEBYSCORE", "HGETALL", "HSET", "HSETNX",
+    # server facts read at start: cluster mode, maxmemory-policy (INFO memory), replicas
+    "INFO",
+    # Redis Cluster: the client's slot map and command table (redis-py reads both at start),
+    # and a key's slot in migration
+    "CLUSTER|SLOTS", "COMMAND", "ASKING",
+)
+"""Every command a GuardedProducer or GuardedConsumer sends, or runs in a script, on its own
+keys. A handler's effects add the commands they use (``INCRBY`` for ``ctx.tx.incr``...)."""
+
+
+TRIED_FIRST: tuple[str, ...] = ("CONFIG|GET",)
+"""Commands tried first and not needed: refused, another answers (``CONFIG GET
+maxmemory-policy``: then ``INFO memory``). Redis's ACL LOG lists each refusal."""
+
+
+def acl_rules(key_prefix: str, *, effects: Iterable[str] = ()) -> list[str]:
+    """The ``ACL SETUSER`` rules of a user that runs eoguard on ``key_prefix`` and nothing
+    else: its keys only, :data:`RUNTIME_COMMANDS` and the ``effects`` commands only."""
+    commands = [*RUNTIME_COMMANDS, *effects]
+    return ["resetkeys", f"~{key_prefix}:*", "resetchannels", "-@all",
+            *(f"+{command.lower()}" for command in commands)]
