@@ -63,7 +63,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from bench import spark_floor, table
 from bench.bench_consumer import forget
-from bench.machine_cpu import redis_cpu_s
+from bench.machine_cpu import busy_cpu_s, redis_cpu_s, tree_cpu_s
 from eoguard.codec import (
     ENVELOPE_SCHEMA,
     HEADER_SIZE,
@@ -83,6 +83,7 @@ REDIS = DedupMode.REDIS.value
 MODES = (PLAIN, DedupMode.NONE.value, REDIS, DedupMode.WATERMARK.value, FLOOR, FLOOR_REDIS)
 LABELS = dict(zip(MODES, "pabcfg", strict=True))
 PYTHON_PASS = (FLOOR, FLOOR_REDIS)  # the plain query with an Arrow UDF
+CPU_ROLES = ("driver", "jvm", "workers", "redis", "rest")  # bench.machine_cpu's, Redis, the rest
 
 
 def make_topic(bootstrap: str, partitions: int) -> str:
@@ -170,6 +171,7 @@ def run_mode(spark: SparkSession, base: JobOptions, mode: str, root: Path
         "dead_letter_path": str(run_dir / "dead"), "key_prefix": f"bs{uuid.uuid4().hex[:8]}"})
     server = redis.Redis.from_url(base.redis_url)
     cpu_before = redis_cpu_s(server)
+    tree_before, busy_before = tree_cpu_s(), busy_cpu_s()
     started = time.perf_counter()
     if mode == PLAIN or mode in PYTHON_PASS:
         query = plain_query(spark, options, run_dir, mode)
@@ -188,6 +190,12 @@ def run_mode(spark: SparkSession, base: JobOptions, mode: str, root: Path
         raise RuntimeError(f"{mode} run failed: {query.exception()}")
     inside = progress_s(query) + waited  # the wait is the last batch's, so it counts too
     phases["redis cpu"] = round(redis_cpu_s(server) - cpu_before, 2)
+    tree = {role: cpu - tree_before[role] for role, cpu in tree_cpu_s().items()}
+    for role, cpu in tree.items():
+        phases[f"{role} cpu"] = round(cpu, 2)
+    # Everything else busy meanwhile: Kafka's broker, and anything else running.
+    phases["rest cpu"] = round(busy_cpu_s() - busy_before - sum(tree.values())
+                               - phases["redis cpu"], 2)
     server.close()
     shutil.rmtree(run_dir, ignore_errors=True)
     if mode in (REDIS, FLOOR_REDIS):
@@ -224,6 +232,17 @@ def against_floor(rates: dict[str, list[float]], redis_us: dict[str, list[float]
         parts.insert(0, f"(b) redis x (g) floor+redis "
                         f"{pick(rates[REDIS]) / pick(rates[FLOOR_REDIS]):.2f}")
     return "; ".join(parts) or "no Redis mode run"
+
+
+def cpu_table(cpu_us: dict[str, dict[str, list[float]]]) -> None:
+    """Each mode's CPU per row by process (medians over rounds, microseconds): where a mode's
+    extra cost over another goes, on cores every process shares."""
+    print("CPU a row by process, us (medians over rounds; rest: Kafka and anything else):")
+    print(f"  {'mode':<15}" + "".join(f"{role:>9}" for role in (*CPU_ROLES, "total")))
+    for mode, roles in cpu_us.items():
+        medians = [statistics.median(roles[role]) for role in CPU_ROLES]
+        print(f"  ({LABELS[mode]}) {mode:<11}" + "".join(f"{m:>9.1f}" for m in medians)
+              + f"{sum(medians):>9.1f}")
 
 
 def main(argv: Sequence[str] = ()) -> None:
@@ -270,12 +289,15 @@ def main(argv: Sequence[str] = ()) -> None:
             run_mode(spark, base, mode, root)
         rates: dict[str, list[float]] = {mode: [] for mode in modes}
         redis_us: dict[str, list[float]] = {mode: [] for mode in modes}  # Redis CPU a row
+        cpu_us: dict[str, dict[str, list[float]]] = {mode: {} for mode in modes}  # by role
         for round_no in range(args.rounds):
             shift = round_no % len(modes)
             for mode in modes[shift:] + modes[:shift]:
                 inside, wall, phases = run_mode(spark, base, mode, root)
                 rates[mode].append(total / inside)
                 redis_us[mode].append(phases["redis cpu"] * 1e6 / total)
+                for role in CPU_ROLES:
+                    cpu_us[mode].setdefault(role, []).append(phases[f"{role} cpu"] * 1e6 / total)
                 print(f"round {round_no + 1} ({LABELS[mode]}) {mode:<11} "
                       f"{total / inside:>9,.0f} rows/s in batches ({inside:5.1f} s), "
                       f"{total / wall:>9,.0f} rows/s wall ({wall:5.1f} s), phases {phases}",
@@ -285,6 +307,7 @@ def main(argv: Sequence[str] = ()) -> None:
               f"local[2], {args.rounds} rounds; rows/s inside the batches (query progress):")
         summary(rates)
         print(f"medians: {against_floor(rates, redis_us)}")
+        cpu_table(cpu_us)
         for mode in modes:
             table.add(table.Row(suite="spark", path=mode, rates=rates[mode],
                                 baseline=None if mode == PLAIN else PLAIN,

@@ -13,7 +13,7 @@ import os
 
 import redis
 
-__all__ = ["MachineCpu", "redis_cpu_s"]
+__all__ = ["MachineCpu", "busy_cpu_s", "redis_cpu_s", "tree_cpu_s"]
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
@@ -46,3 +46,45 @@ def redis_cpu_s(client: redis.Redis) -> float:
     """CPU seconds the Redis server used so far (INFO cpu, user + system, main thread)."""
     cpu = client.info("cpu")
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def _stat(pid: str) -> tuple[int, str, float] | None:
+    """(parent pid, command name, CPU seconds of the process and its reaped children) of
+    ``pid``, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            text = stat.read()
+    except OSError:
+        return None
+    name = text[text.index("(") + 1:text.rindex(")")]
+    fields = text[text.rindex(")") + 2:].split()
+    # fields[1] is ppid; utime, stime, cutime, cstime are fields 14-17 of the whole line
+    return int(fields[1]), name, sum(int(v) for v in fields[11:15]) * _TICK_S
+
+
+def tree_cpu_s(root: int | None = None) -> dict[str, float]:
+    """CPU seconds so far of this process tree by role: ``driver`` (``root``, this process by
+    default), ``jvm`` (its ``java`` descendants: Spark's JVM) and ``workers`` (every other
+    descendant: Spark's Python workers). A process counts its reaped children, so a worker
+    that ended still counts in its parent's figure, while that one lives."""
+    root = os.getpid() if root is None else root
+    stats = {int(pid): s for pid in os.listdir("/proc") if pid.isdigit()
+             if (s := _stat(pid)) is not None}
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _name, _cpu) in stats.items():
+        children.setdefault(parent, []).append(pid)
+    roles = {"driver": 0.0, "jvm": 0.0, "workers": 0.0}
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in stats:
+            continue
+        _parent, name, cpu = stats[pid]
+        roles["driver" if pid == root else "jvm" if name == "java" else "workers"] += cpu
+        todo.extend(children.get(pid, ()))
+    return roles
+
+
+def busy_cpu_s() -> float:
+    """The machine's busy CPU seconds so far, every process on every core."""
+    return _read()[0] * _TICK_S
