@@ -5,7 +5,7 @@
                                 [--redis-url URL]
 
 Pre-produces envelopes with an ``eoguard.example.Order`` payload (2% of them resent once more
-at another offset), then reads all of them on ``local[2]`` six ways, each with a fresh
+at another offset), then reads all of them on ``local[2]`` seven ways, each with a fresh
 checkpoint and output, after one discarded warm-up run of each (``--modes`` picks some; the
 plain query always runs):
 
@@ -25,14 +25,21 @@ plain query always runs):
       acknowledgement of its rows, two round trips a batch on one connection per Python
       worker. A floor of the work, not a design (no lease, no takeover, no replay): (b) over
       (g) says how close eoguard's Redis pass is to the least it could cost.
+  (h) ``none+floor``: (a), eoguard's own job with ``dedup="none"``, whose ``transform`` adds
+      (g)'s UDF (a row whose plain claim found the key is left out): the same decode, checks
+      and sink as (b), with the cheapest Redis claims in place of eoguard's. (b) over (h) says
+      what eoguard's claim machinery (scripts, positions, lease, done mark, acknowledgement
+      pass) costs over plain commands.
 
-The six are repeated ``--rounds`` times, interleaved (the order rotates each round), so a
+The seven are repeated ``--rounds`` times, interleaved (the order rotates each round), so a
 noisy machine slows every mode alike. Every run is timed the same way, by its query's progress
 reports: rows/s is the Kafka records over the sum of ``triggerExecution`` of the batches that
 had rows (plus, in the Redis mode, the wait for the last batch's outbox acknowledgement, which
 runs in the background). Each mode reports min and median over rounds, and its ratio to the
 plain query (medians, and per round); each round and the summary also give (b) over (g) and
-the Redis server's CPU per row (INFO cpu around the run) of (b) and (g). Targets: (a) >= 0.85 x
+(h) and the Redis server's CPU per row (INFO cpu around the run) of (b), (g) and (h), and the
+summary each mode's CPU per row by process (driver, Spark's JVM, Python workers, Redis, the
+rest). Targets: (a) >= 0.85 x
 (p) in every round, (b) >= 0.75 x (p).
 """
 
@@ -40,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import shutil
 import statistics
@@ -55,7 +63,7 @@ from typing import Any
 import pyarrow as pa
 import redis
 from confluent_kafka.admin import AdminClient, NewTopic
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql.avro.functions import from_avro
 from pyspark.sql.pandas.functions import arrow_udf
@@ -79,10 +87,13 @@ ORDER = "eoguard.example.Order"
 PLAIN = "plain"
 FLOOR = "floor"
 FLOOR_REDIS = "floor+redis"
+NONE_REDIS = "none+floor"
 REDIS = DedupMode.REDIS.value
-MODES = (PLAIN, DedupMode.NONE.value, REDIS, DedupMode.WATERMARK.value, FLOOR, FLOOR_REDIS)
-LABELS = dict(zip(MODES, "pabcfg", strict=True))
+MODES = (PLAIN, DedupMode.NONE.value, REDIS, DedupMode.WATERMARK.value, FLOOR, FLOOR_REDIS,
+         NONE_REDIS)
+LABELS = dict(zip(MODES, "pabcfgh", strict=True))
 PYTHON_PASS = (FLOOR, FLOOR_REDIS)  # the plain query with an Arrow UDF
+JOB_MODES = tuple(mode.value for mode in DedupMode)  # (h) is the job with dedup="none"
 CPU_ROLES = ("driver", "jvm", "workers", "redis", "rest")  # bench.machine_cpu's, Redis, the rest
 
 
@@ -119,6 +130,22 @@ def progress_s(query: StreamingQuery) -> float:
                if p.numInputRows) / 1000
 
 
+def floor_claims(base: JobOptions, mode: str, expires_ms: Column) -> Column:
+    """The status column of a floor's Arrow UDF over (id, position, expiry): (f) answers
+    ``new`` without Redis, (g) and (h) claim with plain commands (bench/spark_floor.py)."""
+    redis_url, prefix = base.redis_url, base.key_prefix
+
+    def claim_plainly(batches: Iterator[tuple[pa.Array, ...]]) -> Iterator[pa.Array]:
+        return spark_floor.claim_plainly(redis_url, prefix, batches)
+
+    make_udf: Any = arrow_udf  # the stubs want functionType= for iterator UDFs
+    udf = spark_floor.answer_new if mode == FLOOR else claim_plainly
+    claim = make_udf(udf, "string").asNondeterministic()
+    position = F.concat_ws("|", F.col("partition").cast("string"), F.col("offset").cast("string"))
+    column: Column = claim(F.col("id"), position, expires_ms)
+    return column
+
+
 def plain_query(spark: SparkSession, base: JobOptions, run_dir: Path, mode: str = PLAIN
                 ) -> StreamingQuery:
     """The query a user would write without eoguard (the module docstring's (p)), or with a
@@ -135,19 +162,8 @@ def plain_query(spark: SparkSession, base: JobOptions, run_dir: Path, mode: str 
             .filter(F.col("expires_at") > F.current_timestamp())
             .withColumn("payload", from_avro("payload", order_json, {"mode": "PERMISSIVE"})))
     if mode in PYTHON_PASS:
-        redis_url, prefix = base.redis_url, base.key_prefix
-
-        def claim_plainly(batches: Iterator[tuple[pa.Array, ...]]) -> Iterator[pa.Array]:
-            return spark_floor.claim_plainly(redis_url, prefix, batches)
-
-        make_udf: Any = arrow_udf  # the stubs want functionType= for iterator UDFs
-        udf = spark_floor.answer_new if mode == FLOOR else claim_plainly
-        claim = make_udf(udf, "string").asNondeterministic()
-        position = F.concat_ws("|", F.col("partition").cast("string"),
-                               F.col("offset").cast("string"))
-        rows = (rows.withColumn("status", claim(F.col("id"), position,
-                                                F.unix_millis(F.col("expires_at"))))
-                .filter(F.col("status") == "new"))
+        rows = rows.withColumn("status", floor_claims(base, mode, F.unix_millis("expires_at"))) \
+            .filter(F.col("status") == "new")
     out = run_dir / "out"
 
     def sink(df: DataFrame, batch_id: int) -> None:
@@ -158,6 +174,15 @@ def plain_query(spark: SparkSession, base: JobOptions, run_dir: Path, mode: str 
             .trigger(availableNow=True).start())
 
 
+def claimed_plainly(options: JobOptions, rows: DataFrame) -> DataFrame:
+    """(h): the decoded rows of ``dedup="none"`` with (g)'s plain claims: a row whose claim
+    found the key is a duplicate (left out, as the job leaves out any status but ``ok``)."""
+    status = F.col("status")
+    claimed = floor_claims(options, NONE_REDIS, F.col("expires_at_ms"))
+    return rows.withColumn("status", F.when(status == "ok", F.when(claimed == "new", "ok")
+                                            .otherwise("duplicate")).otherwise(status))
+
+
 def run_mode(spark: SparkSession, base: JobOptions, mode: str, root: Path
              ) -> tuple[float, float, dict[str, float]]:
     """(seconds inside batches by the query's progress, wall seconds, seconds per eoguard
@@ -166,7 +191,7 @@ def run_mode(spark: SparkSession, base: JobOptions, mode: str, root: Path
     phases: dict[str, float] = {}
     options = JobOptions(**{
         **{name: getattr(base, name) for name in base.__dataclass_fields__},
-        "dedup": DedupMode.NONE if mode == PLAIN or mode in PYTHON_PASS else DedupMode(mode),
+        "dedup": DedupMode(mode) if mode in JOB_MODES else DedupMode.NONE,
         "checkpoint": str(run_dir / "cp"), "output_path": str(run_dir / "out"),
         "dead_letter_path": str(run_dir / "dead"), "key_prefix": f"bs{uuid.uuid4().hex[:8]}"})
     server = redis.Redis.from_url(base.redis_url)
@@ -180,7 +205,8 @@ def run_mode(spark: SparkSession, base: JobOptions, mode: str, root: Path
             for name, seconds in batch.phases_s.items():
                 phases[name] = round(phases.get(name, 0.0) + seconds, 1)
 
-        query = build_query(spark, options, on_batch=report)
+        query = build_query(spark, options, on_batch=report, transform=None
+                            if mode != NONE_REDIS else functools.partial(claimed_plainly, options))
     query.awaitTermination()
     waited = time.perf_counter()
     wait_for_acks(query)  # the last batch's acknowledgement pass, run in the background
@@ -198,7 +224,7 @@ def run_mode(spark: SparkSession, base: JobOptions, mode: str, root: Path
                                - phases["redis cpu"], 2)
     server.close()
     shutil.rmtree(run_dir, ignore_errors=True)
-    if mode in (REDIS, FLOOR_REDIS):
+    if mode in (REDIS, FLOOR_REDIS, NONE_REDIS):
         forget(options.redis_url, f"{options.key_prefix}:*")  # 200k keys a run, TTL an hour
     return inside, wall, phases
 
@@ -227,10 +253,11 @@ def against_floor(rates: dict[str, list[float]], redis_us: dict[str, list[float]
         return statistics.median(values) if round_index is None else values[round_index]
 
     parts = [f"({LABELS[mode]}) {mode} {pick(redis_us[mode]):.1f} us of Redis CPU a row"
-             for mode in (REDIS, FLOOR_REDIS) if mode in rates]
-    if REDIS in rates and FLOOR_REDIS in rates:
-        parts.insert(0, f"(b) redis x (g) floor+redis "
-                        f"{pick(rates[REDIS]) / pick(rates[FLOOR_REDIS]):.2f}")
+             for mode in (REDIS, FLOOR_REDIS, NONE_REDIS) if mode in rates]
+    for floor in (NONE_REDIS, FLOOR_REDIS):
+        if REDIS in rates and floor in rates:
+            parts.insert(0, f"(b) redis x ({LABELS[floor]}) {floor} "
+                            f"{pick(rates[REDIS]) / pick(rates[floor]):.2f}")
     return "; ".join(parts) or "no Redis mode run"
 
 
