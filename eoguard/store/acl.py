@@ -9,6 +9,7 @@ acknowledgements) as a user with these rights and nothing more
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 __all__ = ["RUNTIME_COMMANDS", "TRIED_FIRST", "acl_rules"]
@@ -18,8 +19,10 @@ RUNTIME_COMMANDS: tuple[str, ...] = (
     "EVALSHA", "EVAL", "SCRIPT|LOAD", "TIME",
     "GET", "MGET", "SET", "SETRANGE", "DEL", "EXISTS", "TYPE", "PEXPIREAT", "PEXPIRETIME",
     "WATCH", "UNWATCH", "MULTI", "EXEC",
-    # outbox indexes and live leases (sorted sets); the prefix's layout (a hash)
-    "ZADD", "ZREM", "ZCARD", "ZRANGE", "ZRANGEBYSCORE", "ZREMRANGEBYSCORE", "HGETALL", "HSET", "HSETNX",
+    # outbox indexes and live leases (sorted sets); the prefix's layout and the positions a
+    # Spark job's attempt gave up (hashes: a consumer of the job's scope reads them)
+    "ZADD", "ZREM", "ZCARD", "ZSCORE", "ZRANGE", "ZRANGEBYSCORE", "ZREMRANGEBYSCORE",
+    "HGETALL", "HSET", "HSETNX", "HEXISTS",
     # server facts read at start: cluster mode, maxmemory-policy (INFO memory), replicas
     "INFO",
     # Redis Cluster: the client's slot map and command table (redis-py reads both at start),
@@ -27,17 +30,26 @@ RUNTIME_COMMANDS: tuple[str, ...] = (
     "CLUSTER|SLOTS", "COMMAND", "ASKING",
 )
 """Every command a GuardedProducer or GuardedConsumer sends, or runs in a script, on its own
-keys. A handler's effects add the commands they use (``INCRBY`` for ``ctx.tx.incr``...)."""
+keys, with the default durability on database 0. Beside them: a handler's effects add the
+commands they use (``INCRBY`` for ``ctx.tx.incr``; ``HINCRBY`` and ``HGET`` for
+``ctx.tx.hincrby``), ``durability="replicated"`` adds ``WAIT`` (and ``CLUSTER|NODES``,
+``CLUSTER|MYID`` on a cluster, to tell a failover from a missing replica), a database other
+than 0 ``SELECT``, and a prefix first used with key layout version 1 ``SCAN`` (once)."""
 
 
-TRIED_FIRST: tuple[str, ...] = ("CONFIG|GET",)
-"""Commands tried first and not needed: refused, another answers (``CONFIG GET
-maxmemory-policy``: then ``INFO memory``). Redis's ACL LOG lists each refusal."""
+TRIED_FIRST: tuple[str, ...] = ("CONFIG|GET", "CLIENT|SETINFO")
+"""Commands tried and not needed: refused, another answers or nothing is lost (``CONFIG GET
+maxmemory-policy``: then ``INFO memory``; redis-py names itself with ``CLIENT SETINFO`` on
+Redis 7.2 and later, and goes on when refused). Redis's ACL LOG lists each refusal."""
+
+_GLOB = re.compile(r"([*?\[\]\\])")  # what a Redis key pattern reads as a pattern
 
 
 def acl_rules(key_prefix: str, *, effects: Iterable[str] = ()) -> list[str]:
     """The ``ACL SETUSER`` rules of a user that runs eoguard on ``key_prefix`` and nothing
-    else: its keys only, :data:`RUNTIME_COMMANDS` and the ``effects`` commands only."""
+    else: its keys only (glob characters in the prefix escaped, so they match only
+    themselves), :data:`RUNTIME_COMMANDS` and the ``effects`` commands only."""
     commands = [*RUNTIME_COMMANDS, *effects]
-    return ["resetkeys", f"~{key_prefix}:*", "resetchannels", "-@all",
+    prefix = _GLOB.sub(r"\\\1", key_prefix)
+    return ["resetkeys", f"~{prefix}:*", "resetchannels", "-@all",
             *(f"+{command.lower()}" for command in commands)]

@@ -1,6 +1,6 @@
 """Producers and a consumer as a Redis ACL user with eoguard's documented rights and nothing
 more (eoguard/store/acl.py): every message handled once, its effect applied once, and no
-command refused."""
+command refused but those eoguard tries and does without."""
 
 from __future__ import annotations
 
@@ -14,18 +14,37 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
+from eoguard.codec import EnvelopeCodec
 from eoguard.config import KeepUntil, ProducerConfig, RedisConfig
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext
+from eoguard.envelope import Envelope
 from eoguard.modes import PersistenceMode
 from eoguard.producer.guarded import GuardedProducer
 from eoguard.store.acl import TRIED_FIRST, acl_rules
 from eoguard.store.keys import KeySpace
+from eoguard.store.outbox import Outbox, OutboxRecord
 from tests.consumer_kit import DEFAULT_SCOPE, consumer_config, drain
 
 pytestmark = pytest.mark.integration
 
 PER_MODE = 60
+ABANDONED = 20
+CODEC = EnvelopeCodec()
+
+
+def abandoned(outbox: Outbox, topic: str, n: int) -> list[str]:
+    """The ids of ``n`` unpublished records of a producer that is gone (no live lease)."""
+    records = []
+    for i in range(n):
+        env = Envelope.create(b"gone-%d" % i, ttl_ms=600_000, producer="gone")
+        records.append(OutboxRecord(id=env.id, topic=topic, key=b"g%d" % i,
+                                    value=CODEC.encode(env), created_at_ms=env.created_at_ms,
+                                    expires_at_ms=env.expires_at_ms))
+    stored = outbox.put(records, owner="gone", keep_until=KeepUntil.CONSUMED,
+                        resend_after_ms=600_000)
+    assert len(stored.stored) == n
+    return [record.id for record in records]
 
 
 @dataclass(frozen=True)
@@ -56,10 +75,10 @@ def on(node: Any) -> dict[str, Any]:
 def least_user(redis_client: redis.Redis, redis_url: str, key_prefix: str
                ) -> Iterator[LeastUser]:
     """A fresh user of ``acl_rules(key_prefix)`` and the one effect command the handler below
-    uses, on every node, with the test Redis's URL logged in as it."""
+    uses, on every node (replicas too), with the test Redis's URL logged in as it."""
     name, password = f"eoguard-least-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     rules = [*acl_rules(key_prefix, effects=["INCRBY"]), "on", f">{password}"]
-    nodes = redis_client.get_primaries() if isinstance(redis_client, RedisCluster) else [None]
+    nodes = redis_client.get_nodes() if isinstance(redis_client, RedisCluster) else [None]
     for node in nodes:
         redis_client.execute_command("ACL", "SETUSER", name, *rules, **on(node))
     scheme, rest = redis_url.split("://", 1)
@@ -74,7 +93,10 @@ def test_producers_and_a_consumer_need_no_more_than_the_documented_commands(
         new_topic) -> None:
     topic = new_topic(2)
     keys = KeySpace(prefix=key_prefix, shards=4)
-    sent: list[str] = []
+    # Records of a producer that is gone, written as the admin: the first producer's start
+    # claims and resends them (outbox_claim_for_resend.lua).
+    sent = abandoned(Outbox(redis_client, keys), topic, ABANDONED)
+    resent = 0
     for mode in PersistenceMode:
         config = ProducerConfig(kafka={"bootstrap.servers": kafka_bootstrap, "linger.ms": 5},
                                 redis=RedisConfig(url=least_user.url), keyspace=keys, mode=mode,
@@ -83,6 +105,8 @@ def test_producers_and_a_consumer_need_no_more_than_the_documented_commands(
             sent += [producer.send(topic, b"v%d" % i, key=b"k%d" % i).id
                      for i in range(PER_MODE)]
             assert producer.flush(30) == 0
+            resent += producer.stats().resent
+    assert resent == ABANDONED, "the first producer's start resent the gone one's records"
     handled: Counter[str] = Counter()
 
     def handler(ctx: HandlerContext) -> None:
@@ -95,14 +119,36 @@ def test_producers_and_a_consumer_need_no_more_than_the_documented_commands(
         drain([consumer], lambda: len(handled) >= len(sent))
     finally:
         consumer.close()
+        outbox_left = [i for i in sent if Outbox(redis_client, keys).get(i) is not None]
+        refused = Counter(least_user.refused())  # first: a refusal explains a drain cut short
+        print(f"commands Redis refused the user (ACL LOG): {dict(refused)}; tried and not "
+              f"needed: {TRIED_FIRST}")
+    assert set(refused) <= {command.lower() for command in TRIED_FIRST}
     counters = {keys.effect(DEFAULT_SCOPE, i, "count") for i in sent}  # one a shard
     effects = sum(int(redis_client.get(key) or 0) for key in counters)
-    print(f"least privilege: sent {len(sent)}, handled {sum(handled.values())} "
-          f"({len(handled)} distinct), effects applied {effects}")
-    refused = Counter(least_user.refused())
-    print(f"commands Redis refused the user (ACL LOG): {dict(refused)}; tried first and not "
-          f"needed: {TRIED_FIRST}")
+    print(f"least privilege: sent {len(sent)} ({ABANDONED} resent from a gone producer's "
+          f"records), handled {sum(handled.values())} ({len(handled)} distinct), effects "
+          f"applied {effects}; outbox records left {len(outbox_left)}")
     assert set(handled) == set(sent)
     assert max(handled.values()) == 1
     assert effects == len(sent)
-    assert set(refused) <= {command.lower() for command in TRIED_FIRST}
+    assert not outbox_left, "every record acknowledged by the consumer, resent ones too"
+
+
+def test_a_prefix_with_glob_characters_grants_its_own_keys_only(redis_client: redis.Redis
+                                                               ) -> None:
+    name = f"eoguard-glob-{uuid.uuid4().hex[:8]}"
+    prefix = f"t{uuid.uuid4().hex[:6]}*[ab]?\\"
+    redis_client.execute_command("ACL", "SETUSER", name, *acl_rules(prefix), "on", "nopass")
+    try:
+        def allowed(key: str) -> bool:
+            return redis_client.execute_command("ACL", "DRYRUN", name, "GET", key) == b"OK"
+
+        others = [prefix.replace("*", "x") + ":k", prefix.replace("[ab]", "a") + ":k",
+                  prefix.replace("?", "z") + ":k"]
+        print(f"prefix {prefix!r}: its own key allowed {allowed(prefix + ':k')}, others "
+              f"{[allowed(key) for key in others]}")
+        assert allowed(prefix + ":k")
+        assert not any(allowed(key) for key in others)
+    finally:
+        redis_client.acl_deluser(name)
