@@ -131,18 +131,23 @@ def progress_s(query: StreamingQuery) -> float:
 
 
 def floor_claims(base: JobOptions, mode: str, expires_ms: Column) -> Column:
-    """The status column of a floor's Arrow UDF over (id, position, expiry): (f) answers
-    ``new`` without Redis, (g) and (h) claim with plain commands (bench/spark_floor.py)."""
+    """The status column of a floor's Arrow UDF over (id, position, expiry; and ``status`` in
+    (h)): (f) answers ``new`` without Redis, (g) and (h) claim with plain commands
+    (bench/spark_floor.py)."""
     redis_url, prefix = base.redis_url, base.key_prefix
 
     def claim_plainly(batches: Iterator[tuple[pa.Array, ...]]) -> Iterator[pa.Array]:
         return spark_floor.claim_plainly(redis_url, prefix, batches)
 
+    def claim_ok_rows(batches: Iterator[tuple[pa.Array, ...]]) -> Iterator[pa.Array]:
+        return spark_floor.claim_ok_rows(redis_url, prefix, batches)
+
+    udfs = {FLOOR: spark_floor.answer_new, FLOOR_REDIS: claim_plainly, NONE_REDIS: claim_ok_rows}
     make_udf: Any = arrow_udf  # the stubs want functionType= for iterator UDFs
-    udf = spark_floor.answer_new if mode == FLOOR else claim_plainly
-    claim = make_udf(udf, "string").asNondeterministic()
+    claim = make_udf(udfs[mode], "string").asNondeterministic()
     position = F.concat_ws("|", F.col("partition").cast("string"), F.col("offset").cast("string"))
-    column: Column = claim(F.col("id"), position, expires_ms)
+    inputs = [F.col("id"), position, expires_ms] + ([F.col("status")] if mode == NONE_REDIS else [])
+    column: Column = claim(*inputs)
     return column
 
 
@@ -175,12 +180,11 @@ def plain_query(spark: SparkSession, base: JobOptions, run_dir: Path, mode: str 
 
 
 def claimed_plainly(options: JobOptions, rows: DataFrame) -> DataFrame:
-    """(h): the decoded rows of ``dedup="none"`` with (g)'s plain claims: a row whose claim
-    found the key is a duplicate (left out, as the job leaves out any status but ``ok``)."""
-    status = F.col("status")
-    claimed = floor_claims(options, NONE_REDIS, F.col("expires_at_ms"))
-    return rows.withColumn("status", F.when(status == "ok", F.when(claimed == "new", "ok")
-                                            .otherwise("duplicate")).otherwise(status))
+    """(h): the decoded rows of ``dedup="none"`` with (g)'s plain claims of the ``ok`` rows: a
+    row whose claim found the key is a ``duplicate``, left out as the job leaves out any status
+    but ``ok``. The claims run once per row only in a batch without dead letters (the job
+    reads a batch again for them, uncached): the workload has none."""
+    return rows.withColumn("status", floor_claims(options, NONE_REDIS, F.col("expires_at_ms")))
 
 
 def run_mode(spark: SparkSession, base: JobOptions, mode: str, root: Path

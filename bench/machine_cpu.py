@@ -48,40 +48,45 @@ def redis_cpu_s(client: redis.Redis) -> float:
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
-def _stat(pid: str) -> tuple[int, str, float] | None:
-    """(parent pid, command name, CPU seconds of the process and its reaped children) of
-    ``pid``, or None once it is gone."""
+def _stat(pid: str) -> tuple[int, int, str, float] | None:
+    """(parent pid, session id, command name, CPU seconds of the process and its reaped
+    children) of ``pid``, or None once it is gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
             text = stat.read()
     except OSError:
         return None
-    name = text[text.index("(") + 1:text.rindex(")")]
-    fields = text[text.rindex(")") + 2:].split()
-    # fields[1] is ppid; utime, stime, cutime, cstime are fields 14-17 of the whole line
-    return int(fields[1]), name, sum(int(v) for v in fields[11:15]) * _TICK_S
+    name = text[text.index("(") + 1:text.rindex(")")]  # may hold spaces and parentheses
+    fields = text[text.rindex(")") + 2:].split()  # fields[k] is field k + 3 of proc(5)
+    # ppid, session; utime, stime, cutime, cstime (fields 14-17)
+    return int(fields[1]), int(fields[3]), name, sum(int(v) for v in fields[11:15]) * _TICK_S
 
 
 def tree_cpu_s(root: int | None = None) -> dict[str, float]:
     """CPU seconds so far of this process tree by role: ``driver`` (``root``, this process by
     default), ``jvm`` (its ``java`` descendants: Spark's JVM) and ``workers`` (every other
-    descendant: Spark's Python workers). A process counts its reaped children, so a worker
-    that ended still counts in its parent's figure, while that one lives."""
+    descendant: Spark's Python workers). Only descendants in ``root``'s session count: the
+    services a benchmark starts itself (Kafka's broker, Redis) run in sessions of their own.
+    A process counts its reaped children, so a worker that ended still counts in its
+    parent's figure, while that one lives."""
     root = os.getpid() if root is None else root
     stats = {int(pid): s for pid in os.listdir("/proc") if pid.isdigit()
              if (s := _stat(pid)) is not None}
+    if root not in stats:
+        raise ValueError(f"no process {root}")
+    session = stats[root][1]
     children: dict[int, list[int]] = {}
-    for pid, (parent, _name, _cpu) in stats.items():
+    for pid, (parent, _session, _name, _cpu) in stats.items():
         children.setdefault(parent, []).append(pid)
     roles = {"driver": 0.0, "jvm": 0.0, "workers": 0.0}
     todo = [root]
     while todo:
         pid = todo.pop()
-        if pid not in stats:
+        _parent, its_session, name, cpu = stats[pid]
+        if its_session != session:
             continue
-        _parent, name, cpu = stats[pid]
         roles["driver" if pid == root else "jvm" if name == "java" else "workers"] += cpu
-        todo.extend(children.get(pid, ()))
+        todo.extend(child for child in children.get(pid, ()) if child in stats)
     return roles
 
 

@@ -28,7 +28,7 @@ from urllib.parse import unquote, urlsplit
 import hiredis
 import pyarrow as pa
 
-__all__ = ["answer_new", "claim_plainly"]
+__all__ = ["answer_new", "claim_ok_rows", "claim_plainly"]
 
 Command = tuple[str | int, ...]
 _connections: dict[str, tuple[socket.socket, hiredis.Reader]] = {}  # by URL, this worker's
@@ -46,19 +46,42 @@ def claim_plainly(redis_url: str, prefix: str, batches: Iterator[tuple[pa.Array,
     docstring); ``batches`` are (id, position, expires_at in epoch ms) columns."""
     record = f"{prefix}:b:{uuid.uuid4().hex}"  # this task's batch record
     for ids, _positions, expires in batches:
-        id_list: list[str] = ids.to_pylist()
-        if not id_list:
-            yield pa.array([], pa.string())
-            continue
-        pxat: list[int] = expires.to_pylist()
-        claims: list[Command] = [("SET", f"{prefix}:d:{message_id}", "1", "NX", "PXAT", at)
-                  for message_id, at in zip(id_list, pxat, strict=True)]
-        claims.append(("SET", record, "o", "PXAT", max(pxat)))
-        landed = _round_trip(redis_url, claims)[:-1]
-        _round_trip(redis_url, [("SET", record, "d", "XX", "KEEPTTL"),
-                                ("DEL", *(f"{prefix}:o:{message_id}" for message_id in id_list)),
-                                ("ZREM", f"{prefix}:index", *id_list)])
-        yield pa.array(["duplicate" if reply is None else "new" for reply in landed], pa.string())
+        yield pa.array(_claim(redis_url, prefix, record, ids.to_pylist(), expires.to_pylist()),
+                       pa.string())
+
+
+def claim_ok_rows(redis_url: str, prefix: str, batches: Iterator[tuple[pa.Array, ...]]
+                  ) -> Iterator[pa.Array]:
+    """(h): (g)'s claims of the rows whose ``status`` is ``ok``; the other rows keep their
+    status, with no Redis command (Spark runs a Python UDF over every row of its input,
+    whatever ``when`` wraps it). ``batches`` are (id, position, expires_at in epoch ms,
+    status) columns."""
+    record = f"{prefix}:b:{uuid.uuid4().hex}"  # this task's batch record
+    for ids, _positions, expires, status_array in batches:
+        status: list[str] = status_array.to_pylist()
+        ok = [i for i, row_status in enumerate(status) if row_status == "ok"]
+        id_list, pxat = ids.to_pylist(), expires.to_pylist()
+        claimed = _claim(redis_url, prefix, record, [id_list[i] for i in ok],
+                         [pxat[i] for i in ok])
+        for i, outcome in zip(ok, claimed, strict=True):
+            status[i] = "ok" if outcome == "new" else outcome
+        yield pa.array(status, pa.string())
+
+
+def _claim(redis_url: str, prefix: str, record: str, ids: list[str], pxat: list[int]
+           ) -> list[str]:
+    """``new`` or ``duplicate`` per id: one ``SET NX PXAT`` each and the batch record's
+    ``SET PXAT``, then the done mark and the outbox acknowledgement (two round trips)."""
+    if not ids:
+        return []
+    claims: list[Command] = [("SET", f"{prefix}:d:{message_id}", "1", "NX", "PXAT", at)
+                             for message_id, at in zip(ids, pxat, strict=True)]
+    claims.append(("SET", record, "o", "PXAT", max(pxat)))
+    landed = _round_trip(redis_url, claims)[:-1]
+    _round_trip(redis_url, [("SET", record, "d", "XX", "KEEPTTL"),
+                            ("DEL", *(f"{prefix}:o:{message_id}" for message_id in ids)),
+                            ("ZREM", f"{prefix}:index", *ids)])
+    return ["duplicate" if reply is None else "new" for reply in landed]
 
 
 def _round_trip(redis_url: str, commands: Sequence[Command]) -> list[object]:
