@@ -27,6 +27,7 @@ from types import TracebackType
 import pyspark
 
 from tests.conftest import free_port
+from tests.spark.driver import JIT_OPTIONS
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
@@ -76,6 +77,8 @@ class StandaloneCluster:
 
     def _daemon(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_DAEMON_MEMORY": "256m",
+               # the master's and workers' JVMs, as the driver's and executors'
+               "SPARK_DAEMON_JAVA_OPTS": JIT_OPTIONS,
                "SPARK_LOCAL_DIRS": str(self.directory / "local"),
                # no REST submission server (it listens on the fixed port 6066)
                "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false"}
