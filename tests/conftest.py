@@ -150,7 +150,10 @@ def schema_registry_client(schema_registry_url: str) -> Iterator[Any]:
     (an open one leaves sockets behind, which warnings-as-errors fails on)."""
     from confluent_kafka.schema_registry import SchemaRegistryClient  # noqa: PLC0415 - registry extra
 
-    with SchemaRegistryClient({"url": schema_registry_url}) as client:
+    # A bound on each request: a registry that never answers one (seen once in CI: the cluster
+    # topology's registry answered a GET after 600 s) fails the test in 30 s, not at the suite's
+    # 600 s timeout.
+    with SchemaRegistryClient({"url": schema_registry_url, "timeout": 30}) as client:
         yield client
 
 
