@@ -249,14 +249,14 @@ def summary(rates: dict[str, list[float]]) -> None:
     print(f"targets: (a) none >= 0.85 x plain in every round, (b) redis >= 0.75 x plain{floor}")
 
 
-def against_floor(rates: dict[str, list[float]], redis_us: dict[str, list[float]],
+def against_floor(rates: dict[str, list[float]], cpu_us: dict[str, dict[str, list[float]]],
                   round_index: int | None = None) -> str:
-    """(b) over (g) and the Redis CPU per row of each, in one round (``round_index``) or on
+    """(b) over (g) and (h), and the Redis CPU per row of each, in one round (``round_index``) or on
     medians over rounds (None); the part of it the modes run allow."""
     def pick(values: list[float]) -> float:
         return statistics.median(values) if round_index is None else values[round_index]
 
-    parts = [f"({LABELS[mode]}) {mode} {pick(redis_us[mode]):.1f} us of Redis CPU a row"
+    parts = [f"({LABELS[mode]}) {mode} {pick(cpu_us[mode]['redis']):.1f} us of Redis CPU a row"
              for mode in (REDIS, FLOOR_REDIS, NONE_REDIS) if mode in rates]
     for floor in (NONE_REDIS, FLOOR_REDIS):
         if REDIS in rates and floor in rates:
@@ -319,25 +319,23 @@ def main(argv: Sequence[str] = ()) -> None:
         for mode in modes:  # warm-up: JIT, Python workers and their imports, page cache
             run_mode(spark, base, mode, root)
         rates: dict[str, list[float]] = {mode: [] for mode in modes}
-        redis_us: dict[str, list[float]] = {mode: [] for mode in modes}  # Redis CPU a row
         cpu_us: dict[str, dict[str, list[float]]] = {mode: {} for mode in modes}  # by role
         for round_no in range(args.rounds):
             shift = round_no % len(modes)
             for mode in modes[shift:] + modes[:shift]:
                 inside, wall, phases = run_mode(spark, base, mode, root)
                 rates[mode].append(total / inside)
-                redis_us[mode].append(phases["redis cpu"] * 1e6 / total)
                 for role in CPU_ROLES:
                     cpu_us[mode].setdefault(role, []).append(phases[f"{role} cpu"] * 1e6 / total)
                 print(f"round {round_no + 1} ({LABELS[mode]}) {mode:<11} "
                       f"{total / inside:>9,.0f} rows/s in batches ({inside:5.1f} s), "
                       f"{total / wall:>9,.0f} rows/s wall ({wall:5.1f} s), phases {phases}",
                       flush=True)
-            print(f"round {round_no + 1}: {against_floor(rates, redis_us, -1)}", flush=True)
+            print(f"round {round_no + 1}: {against_floor(rates, cpu_us, -1)}", flush=True)
         print(f"{total} records of {size:.0f} bytes, maxOffsetsPerTrigger {args.per_batch}, "
               f"local[2], {args.rounds} rounds; rows/s inside the batches (query progress):")
         summary(rates)
-        print(f"medians: {against_floor(rates, redis_us)}")
+        print(f"medians: {against_floor(rates, cpu_us)}")
         cpu_table(cpu_us)
         for mode in modes:
             table.add(table.Row(suite="spark", path=mode, rates=rates[mode],
