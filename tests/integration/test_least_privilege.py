@@ -14,37 +14,21 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from eoguard.codec import EnvelopeCodec
 from eoguard.config import KeepUntil, ProducerConfig, RedisConfig
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.consumer.handler import HandlerContext
-from eoguard.envelope import Envelope
 from eoguard.modes import PersistenceMode
 from eoguard.producer.guarded import GuardedProducer
 from eoguard.store.acl import TRIED_FIRST, acl_rules
 from eoguard.store.keys import KeySpace
-from eoguard.store.outbox import Outbox, OutboxRecord
+from eoguard.store.outbox import Outbox
 from tests.consumer_kit import DEFAULT_SCOPE, consumer_config, drain
+from tests.redis_kit import abandoned
 
 pytestmark = pytest.mark.integration
 
 PER_MODE = 60
 ABANDONED = 20
-CODEC = EnvelopeCodec()
-
-
-def abandoned(outbox: Outbox, topic: str, n: int) -> list[str]:
-    """The ids of ``n`` unpublished records of a producer that is gone (no live lease)."""
-    records = []
-    for i in range(n):
-        env = Envelope.create(b"gone-%d" % i, ttl_ms=600_000, producer="gone")
-        records.append(OutboxRecord(id=env.id, topic=topic, key=b"g%d" % i,
-                                    value=CODEC.encode(env), created_at_ms=env.created_at_ms,
-                                    expires_at_ms=env.expires_at_ms))
-    stored = outbox.put(records, owner="gone", keep_until=KeepUntil.CONSUMED,
-                        resend_after_ms=600_000)
-    assert len(stored.stored) == n
-    return [record.id for record in records]
 
 
 @dataclass(frozen=True)
@@ -95,7 +79,8 @@ def test_producers_and_a_consumer_need_no_more_than_the_documented_commands(
     keys = KeySpace(prefix=key_prefix, shards=4)
     # Records of a producer that is gone, written as the admin: the first producer's start
     # claims and resends them (outbox_claim_for_resend.lua).
-    sent = abandoned(Outbox(redis_client, keys), topic, ABANDONED)
+    sent = [record.id for record in abandoned(Outbox(redis_client, keys), topic,
+                                              KeepUntil.CONSUMED, ABANDONED)]
     resent = 0
     for mode in PersistenceMode:
         config = ProducerConfig(kafka={"bootstrap.servers": kafka_bootstrap, "linger.ms": 5},

@@ -8,29 +8,13 @@ import time
 import pytest
 import redis
 
-from eoguard.codec import EnvelopeCodec
 from eoguard.config import KeepUntil, ProducerConfig, RedisConfig
-from eoguard.envelope import Envelope
 from eoguard.producer.guarded import GuardedProducer
 from eoguard.store.keys import KeySpace
-from eoguard.store.outbox import Outbox, OutboxRecord, RecordState
+from eoguard.store.outbox import Outbox, RecordState
+from tests.redis_kit import abandoned
 
 pytestmark = pytest.mark.integration
-
-CODEC = EnvelopeCodec()
-
-
-def abandoned(outbox: Outbox, topic: str, keep: KeepUntil, n: int) -> list[OutboxRecord]:
-    """``n`` pending records left by a producer that is gone (it never registered a lease)."""
-    recs = []
-    for i in range(n):
-        env = Envelope.create(b"m%d" % i, ttl_ms=600_000, producer="gone")
-        recs.append(OutboxRecord(id=env.id, topic=topic, key=b"k%d" % i, value=CODEC.encode(env),
-                                 created_at_ms=env.created_at_ms, expires_at_ms=env.expires_at_ms))
-    stored = outbox.put(recs, owner="gone", keep_until=keep, resend_after_ms=600_000)
-    assert len(stored.stored) == n
-    return recs
-
 
 @pytest.mark.parametrize(("written", "recoverer"), [
     (KeepUntil.PUBLISHED, KeepUntil.CONSUMED), (KeepUntil.CONSUMED, KeepUntil.PUBLISHED)])
