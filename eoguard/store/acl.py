@@ -4,7 +4,8 @@ Redis checks an ACL user's rights on every command, those a Lua script runs incl
 list names what eoguard's scripts call as well as what it sends. A test runs producers (both
 persistence modes, a recovery) and a consumer (claims, done marks with effects, outbox
 acknowledgements) as a user with these rights and nothing more
-(tests/integration/test_least_privilege.py); docs/operations.md shows the rule.
+(tests/integration/test_least_privilege.py); a unit test checks that every command a Lua
+script runs is listed (tests/unit/test_acl.py). docs/operations.md shows the rule.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from eoguard.store.acl import RUNTIME_COMMANDS, acl_rules
 
-OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+ROOT = Path(__file__).resolve().parents[2]
+OPERATIONS = ROOT / "docs" / "operations.md"
 
 
 def test_the_rules_name_the_prefix_keys_and_the_commands_only() -> None:
@@ -22,3 +23,26 @@ def test_the_operations_guide_shows_the_rules_acl_rules_gives() -> None:
     assert block is not None, "docs/operations.md lost its ACL SETUSER example"
     shown = block.group(1).split()[5:]  # after ACL SETUSER orders-app on >PASSWORD
     assert shown == acl_rules("orders", effects=["INCRBY"])
+
+
+LUA = ROOT / "eoguard" / "store" / "lua"
+CALL = re.compile(r"redis\.p?call\(\s*['\"]([A-Za-z|]+)['\"]")
+BY_EFFECTS_ONLY = {"HGET"}  # lib/effects.lua reads a hash field before ctx.tx.hincrby's HINCRBY
+
+
+def test_every_command_a_script_runs_is_granted() -> None:
+    """Redis checks a user's rights on each command a script runs: a command a script gains
+    must be added to RUNTIME_COMMANDS (or, run for an effect alone, named beside it)."""
+    called: dict[str, set[str]] = {}
+    for script in LUA.rglob("*.lua"):
+        for name in CALL.findall(script.read_text()):
+            called.setdefault(name.upper(), set()).add(script.name)
+    assert len(called) > 10, f"the pattern found too few commands in {LUA}: {sorted(called)}"
+    missing = {name: sorted(where) for name, where in called.items()
+               if name not in RUNTIME_COMMANDS and name not in BY_EFFECTS_ONLY}
+    assert not missing, f"scripts run commands the least-privilege user lacks: {missing}"
+    acl_doc = (ROOT / "eoguard" / "store" / "acl.py").read_text()
+    for name in BY_EFFECTS_ONLY:  # RUNTIME_COMMANDS's docstring names what effects add
+        assert name in acl_doc, f"eoguard/store/acl.py does not name {name}, an effect's command"
+    print(f"{len(called)} commands run by scripts, all granted: {sorted(called)}")
+
