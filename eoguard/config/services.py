@@ -97,6 +97,10 @@ class RedisConfig:
         return client
 
 
+REGISTRY_TIMEOUT_S = 5.0
+"""The bound on one request to a Schema Registry built from a URL (httpx's own default)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SchemaRegistryConfig:
     """Where payload schemas are registered and fetched by id (the header wire format,
@@ -104,7 +108,10 @@ class SchemaRegistryConfig:
     ``SchemaRegistryClient`` or one with its methods).
 
     ``options`` go to ``SchemaRegistryClient`` beside the URL (``basic.auth.user.info``,
-    ``ssl.ca.location``, ``timeout``, ...); they never appear in a ``repr``.
+    ``ssl.ca.location``, ``timeout``, ...); they never appear in a ``repr``. ``timeout`` is
+    :data:`REGISTRY_TIMEOUT_S` unless given: confluent-kafka's client sets none, and a
+    response that never comes would hold a consumer's poll loop for good; a request that
+    times out is sent again (``max.retries``), then fails as a registry outage does.
     ``auto_register`` (producers only): register a payload schema under ``<topic>-value`` on
     its first send; False requires it registered already (a refusal is a
     :class:`~eoguard.errors.SchemaRefusedError` naming the subject).
@@ -147,7 +154,8 @@ class SchemaRegistryConfig:
             raise ConfigError(f"the header wire format needs confluent-kafka's Schema Registry "
                               f"client: pip install 'eoguard[registry]' ({exc})") from exc
         try:
-            return SchemaRegistryClient({"url": self.url, **self.options})
+            return SchemaRegistryClient({"url": self.url, "timeout": REGISTRY_TIMEOUT_S,
+                                         **self.options})
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"invalid Schema Registry configuration for "
                               f"{redacted_url(self.url or '')}: {exc}") from None

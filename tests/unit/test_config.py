@@ -13,8 +13,10 @@ from eoguard.config import (
     PersistenceMode,
     ProducerConfig,
     RedisConfig,
+    SchemaRegistryConfig,
     redact,
 )
+from eoguard.config.services import REGISTRY_TIMEOUT_S
 from eoguard.errors import ConfigError
 from eoguard.store.keys import KeySpace
 
@@ -166,3 +168,12 @@ def test_durability_defaults_to_local() -> None:
 def test_an_unknown_durability_is_refused_with_the_choices(bad) -> None:
     with pytest.raises(ConfigError, match=r"durability must be 'local' or 'replicated'.*got "):
         RedisConfig(url="redis://x:1/0", durability=bad)
+
+
+def test_a_registry_client_built_from_a_url_bounds_each_request() -> None:
+    """confluent-kafka's client waits for a response for good unless told otherwise."""
+    with SchemaRegistryConfig(url="http://127.0.0.1:1/apis/ccompat/v7").connect() as client:
+        assert client._rest_client.timeout == REGISTRY_TIMEOUT_S
+    own = SchemaRegistryConfig(url="http://127.0.0.1:1", options={"timeout": 30})
+    with own.connect() as client:
+        assert client._rest_client.timeout == 30
