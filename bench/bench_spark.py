@@ -5,7 +5,7 @@
                                 [--redis-url URL]
 
 Pre-produces envelopes with an ``eoguard.example.Order`` payload (2% of them resent once more
-at another offset), then reads all of them on ``local[2]`` seven ways, each with a fresh
+at another offset), then reads all of them on ``local[2]`` eight ways, each with a fresh
 checkpoint and output, after one discarded warm-up run of each (``--modes`` picks some; the
 plain query always runs):
 
@@ -30,8 +30,12 @@ plain query always runs):
       and sink as (b), with the cheapest Redis claims in place of eoguard's. (b) over (h) says
       what eoguard's claim machinery (scripts, positions, lease, done mark, acknowledgement
       pass) costs over plain commands.
+  (i) ``decode``: (p) with eoguard's decode (``eoguard_spark.decode.decode``: the input rules,
+      dead-letter columns) in place of its two ``from_avro`` calls, its ``ok`` rows written by
+      (p)'s sink: (a) over (i) is the job's batch runner (observation, idempotent sink,
+      ledger), (i) over (p) the decode.
 
-The seven are repeated ``--rounds`` times, interleaved (the order rotates each round), so a
+The eight are repeated ``--rounds`` times, interleaved (the order rotates each round), so a
 noisy machine slows every mode alike. Every run is timed the same way, by its query's progress
 reports: rows/s is the Kafka records over the sum of ``triggerExecution`` of the batches that
 had rows (plus, in the Redis mode, the wait for the last batch's outbox acknowledgement, which
@@ -82,16 +86,18 @@ from eoguard.codec import (
 from eoguard.stack import LocalStack
 from eoguard.stack.feed import envelope, produce
 from eoguard_spark import DedupMode, JobOptions, build_query, local_session, wait_for_acks
+from eoguard_spark.decode import OUTPUT_COLUMNS, RowStatus, decode
 
 ORDER = "eoguard.example.Order"
 PLAIN = "plain"
 FLOOR = "floor"
 FLOOR_REDIS = "floor+redis"
 NONE_REDIS = "none+floor"
+DECODE = "decode"
 REDIS = DedupMode.REDIS.value
 MODES = (PLAIN, DedupMode.NONE.value, REDIS, DedupMode.WATERMARK.value, FLOOR, FLOOR_REDIS,
-         NONE_REDIS)
-LABELS = dict(zip(MODES, "pabcfgh", strict=True))
+         NONE_REDIS, DECODE)
+LABELS = dict(zip(MODES, "pabcfghi", strict=True))
 PYTHON_PASS = (FLOOR, FLOOR_REDIS)  # the plain query with an Arrow UDF
 JOB_MODES = tuple(mode.value for mode in DedupMode)  # (h) is the job with dedup="none"
 CPU_ROLES = ("driver", "jvm", "workers", "redis", "rest")  # bench.machine_cpu's, Redis, the rest
@@ -153,19 +159,23 @@ def floor_claims(base: JobOptions, mode: str, expires_ms: Column) -> Column:
 
 def plain_query(spark: SparkSession, base: JobOptions, run_dir: Path, mode: str = PLAIN
                 ) -> StreamingQuery:
-    """The query a user would write without eoguard (the module docstring's (p)), or with a
-    floor's Arrow UDF (``mode`` (f) or (g))."""
+    """The query a user would write without eoguard (the module docstring's (p)), with a
+    floor's Arrow UDF (``mode`` (f) or (g)), or with eoguard's decode (i)."""
     registry = SchemaRegistry.default()
     envelope_json = json.dumps(registry.get(ENVELOPE_SCHEMA).schema)
     order_json = json.dumps(registry.get(ORDER).schema)
     raw = spark.readStream.format("kafka").options(**base.source_options()).load()
-    body = F.expr(f"substring(value, {HEADER_SIZE + 1}, length(value) - {HEADER_SIZE})")
-    rows = (raw.select(from_avro(body, envelope_json, {"mode": "PERMISSIVE"}).alias("e"),
-                       "key", "topic", "partition", "offset",
-                       F.col("timestamp").alias("kafka_timestamp"))
-            .select("e.*", "key", "topic", "partition", "offset", "kafka_timestamp")
-            .filter(F.col("expires_at") > F.current_timestamp())
-            .withColumn("payload", from_avro("payload", order_json, {"mode": "PERMISSIVE"})))
+    if mode == DECODE:
+        rows = (decode(raw, registry, payload_schema=ORDER)
+                .filter(F.col("status") == RowStatus.OK.value).select(*OUTPUT_COLUMNS))
+    else:
+        body = F.expr(f"substring(value, {HEADER_SIZE + 1}, length(value) - {HEADER_SIZE})")
+        rows = (raw.select(from_avro(body, envelope_json, {"mode": "PERMISSIVE"}).alias("e"),
+                           "key", "topic", "partition", "offset",
+                           F.col("timestamp").alias("kafka_timestamp"))
+                .select("e.*", "key", "topic", "partition", "offset", "kafka_timestamp")
+                .filter(F.col("expires_at") > F.current_timestamp())
+                .withColumn("payload", from_avro("payload", order_json, {"mode": "PERMISSIVE"})))
     if mode in PYTHON_PASS:
         rows = rows.withColumn("status", floor_claims(base, mode, F.unix_millis("expires_at"))) \
             .filter(F.col("status") == "new")
@@ -202,7 +212,7 @@ def run_mode(spark: SparkSession, base: JobOptions, mode: str, root: Path
     cpu_before = redis_cpu_s(server)
     tree_before, busy_before = tree_cpu_s(), busy_cpu_s()
     started = time.perf_counter()
-    if mode == PLAIN or mode in PYTHON_PASS:
+    if mode in (PLAIN, DECODE) or mode in PYTHON_PASS:
         query = plain_query(spark, options, run_dir, mode)
     else:
         def report(batch: Any) -> None:
