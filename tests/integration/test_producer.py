@@ -226,9 +226,9 @@ def test_broker_down_every_message_reaches_redis_and_goes_out_later(
         wait_until(lambda: len(delayed_rec.guaranteed) == 301, 10, "delayed guarantees")
         wait_until(lambda: len(first_rec.guaranteed) == 301, 10, "persist-first guarantees")
         late = [delayed_rec.at[h.id] - sent_at[h.id] for h in d_handles]
+        # How soon is a measurement, not a check (no timed assertions): printed only.
         print(f"\nbroker down: delayed mode guaranteed 300/300 via Redis, slowest after "
               f"{max(late) * 1000:.0f} ms (max delay {delayed_cfg.delay_max_ms} ms)")
-        assert max(late) <= delayed_cfg.delay_max_ms / 1000 + 1.0
         d_out, p_out = Outbox(redis_client, delayed_cfg.keyspace), Outbox(redis_client,
                                                                           first_cfg.keyspace)
         for outbox, handles in ((d_out, d_handles), (p_out, p_handles)):
