@@ -70,6 +70,7 @@ from eoguard.config import (
     SchemaRegistryConfig,
     WireFormat,
 )
+from eoguard.config.services import REGISTRY_TIMEOUT_S
 from eoguard.consumer.guarded import GuardedConsumer
 from eoguard.producer.guarded import GuardedProducer
 from eoguard.stack import LocalStack, create_topics
@@ -118,7 +119,7 @@ def cloudevents_headers(schema: str) -> Callable[[], list[tuple[str, bytes]]]:
 def baseline_producer(bootstrap: str, url: str, topic: str, orders: list[dict[str, Any]],
                       path: str = PRODUCERS[0]) -> float:
     """A plain producer's seconds for ``orders``: ``path`` is one of the first three."""
-    with SchemaRegistryClient({"url": url}) as client:
+    with SchemaRegistryClient({"url": url, "timeout": REGISTRY_TIMEOUT_S}) as client:
         serialize = AvroSerializer(
             client, json.dumps(SchemaRegistry.default().get(ORDER).schema))
         context = SerializationContext(topic, MessageField.VALUE)
@@ -188,7 +189,7 @@ def guarded_producer(bootstrap: str, redis_url: str, url: str, topic: str,
 def baseline_consumer(bootstrap: str, url: str, topic: str, total: int,
                       path: str = CONSUMERS[0]) -> float:
     """A plain consumer's seconds for ``total`` records: ``path`` is one of the first three."""
-    with SchemaRegistryClient({"url": url}) as client:
+    with SchemaRegistryClient({"url": url, "timeout": REGISTRY_TIMEOUT_S}) as client:
         deserialize = AvroDeserializer(client)
         context = SerializationContext(topic, MessageField.VALUE)
         order_schema = fastavro.parse_schema(SchemaRegistry.default().get(ORDER).schema)

@@ -98,7 +98,34 @@ class RedisConfig:
 
 
 REGISTRY_TIMEOUT_S = 5.0
-"""The bound on one request to a Schema Registry built from a URL (httpx's own default)."""
+"""The bound on each phase (connect, send, each read) of one attempt of a request to a Schema
+Registry built from a URL (httpx's own default)."""
+
+_NUMERIC_OPTIONS: dict[str, type[float] | type[int]] = {
+    "timeout": float, "max.retries": int, "retries.wait.ms": int, "retries.max.wait.ms": int}
+"""The client's options that must be numbers (a command line gives them as text)."""
+
+
+def _numeric(options: Mapping[str, Any]) -> dict[str, float | int]:
+    """``options``' numeric settings as numbers; :class:`ConfigError` for one that is not a
+    number, or is below its least (a timeout above 0, the others 0 or more)."""
+    out: dict[str, float | int] = {}
+    for name, kind in _NUMERIC_OPTIONS.items():
+        if name not in options:
+            continue
+        value = options[name]
+        try:
+            if isinstance(value, bool):
+                raise TypeError("a bool")
+            number = kind(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"Schema Registry option {name} must be a number, got "
+                              f"{value!r}") from None
+        if number < 0 or (name == "timeout" and number == 0):
+            raise ConfigError(f"Schema Registry option {name} must be "
+                              f"{'above' if name == 'timeout' else 'at least'} 0, got {value!r}")
+        out[name] = number
+    return out
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -110,8 +137,10 @@ class SchemaRegistryConfig:
     ``options`` go to ``SchemaRegistryClient`` beside the URL (``basic.auth.user.info``,
     ``ssl.ca.location``, ``timeout``, ...); they never appear in a ``repr``. ``timeout`` is
     :data:`REGISTRY_TIMEOUT_S` unless given: confluent-kafka's client sets none, and a
-    response that never comes would hold a consumer's poll loop for good; a request that
-    times out is sent again (``max.retries``), then fails as a registry outage does.
+    response that never comes would hold a consumer's poll loop for good. It bounds each
+    phase of one attempt; a request that times out is sent again (``max.retries``, 3 by
+    default, with backoff: about 30 s in all against a registry that never answers), then
+    fails as a registry outage does. Numeric options may be given as text (a command line's).
     ``auto_register`` (producers only): register a payload schema under ``<topic>-value`` on
     its first send; False requires it registered already (a refusal is a
     :class:`~eoguard.errors.SchemaRefusedError` naming the subject).
@@ -130,6 +159,7 @@ class SchemaRegistryConfig:
                               f"got {redacted_url(self.url)!r}")
         if not isinstance(self.auto_register, bool):
             raise ConfigError("auto_register must be True or False")
+        _numeric(self.options)
 
     def __repr__(self) -> str:
         target = "client=<injected>" if self.client is not None else f"url={redacted_url(self.url)!r}"
@@ -155,7 +185,7 @@ class SchemaRegistryConfig:
                               f"client: pip install 'eoguard[registry]' ({exc})") from exc
         try:
             return SchemaRegistryClient({"url": self.url, "timeout": REGISTRY_TIMEOUT_S,
-                                         **self.options})
+                                         **self.options, **_numeric(self.options)})
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"invalid Schema Registry configuration for "
                               f"{redacted_url(self.url or '')}: {exc}") from None

@@ -177,3 +177,21 @@ def test_a_registry_client_built_from_a_url_bounds_each_request() -> None:
     own = SchemaRegistryConfig(url="http://127.0.0.1:1", options={"timeout": 30})
     with own.connect() as client:
         assert client._rest_client.timeout == 30
+
+
+def test_registry_options_given_as_text_become_numbers() -> None:
+    """A command line (the Spark job's --schema-registry-option) gives every value as text."""
+    given = {"timeout": "10", "max.retries": "1", "retries.wait.ms": "50"}
+    with SchemaRegistryConfig(url="http://127.0.0.1:1", options=given).connect() as client:
+        assert client._rest_client.timeout == 10.0
+        assert client._rest_client.max_retries == 1
+        assert client._rest_client.retries_wait_ms == 50
+
+
+@pytest.mark.parametrize("options", [
+    {"timeout": "soon"}, {"timeout": 0}, {"timeout": True}, {"max.retries": "-1"},
+    {"retries.max.wait.ms": "1.5"}, {"max.retries": None},
+])
+def test_a_registry_option_that_is_not_a_number_is_a_config_error(options) -> None:
+    with pytest.raises(ConfigError, match="Schema Registry option"):
+        SchemaRegistryConfig(url="http://127.0.0.1:1", options=options)
