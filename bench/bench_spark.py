@@ -166,7 +166,9 @@ def plain_query(spark: SparkSession, base: JobOptions, run_dir: Path, mode: str 
     order_json = json.dumps(registry.get(ORDER).schema)
     raw = spark.readStream.format("kafka").options(**base.source_options()).load()
     if mode == DECODE:
-        rows = (decode(raw, registry, payload_schema=ORDER)
+        limits = base.input_limits.within_grace(int(base.grace_s * 1000))  # as the job's
+        rows = (decode(raw, registry, payload_schema=ORDER, max_ttl_ms=base.max_ttl_ms,
+                       limits=limits)
                 .filter(F.col("status") == RowStatus.OK.value).select(*OUTPUT_COLUMNS))
     else:
         body = F.expr(f"substring(value, {HEADER_SIZE + 1}, length(value) - {HEADER_SIZE})")

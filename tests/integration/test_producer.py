@@ -199,8 +199,9 @@ def test_delayed_mode_with_a_healthy_broker_rarely_writes_redis(kafka_bootstrap,
 
 def test_broker_down_every_message_reaches_redis_and_goes_out_later(
         private_kafka, redis_url, redis_client, key_prefix) -> None:
-    """Delayed: persisted within the max delay and guaranteed. Persist-first: persisted and
-    guaranteed, then pending. Both go out once the broker is back."""
+    """Delayed: persisted and guaranteed through Redis (how soon after the send is printed).
+    Persist-first: persisted and guaranteed, then pending. Both go out once the broker is
+    back."""
     bootstrap = private_kafka.address
     topic = f"down-{uuid.uuid4().hex[:8]}"
     kafka = {"message.timeout.ms": 120_000, "topic.metadata.refresh.interval.ms": 1000}
@@ -226,7 +227,6 @@ def test_broker_down_every_message_reaches_redis_and_goes_out_later(
         wait_until(lambda: len(delayed_rec.guaranteed) == 301, 10, "delayed guarantees")
         wait_until(lambda: len(first_rec.guaranteed) == 301, 10, "persist-first guarantees")
         late = [delayed_rec.at[h.id] - sent_at[h.id] for h in d_handles]
-        # How soon is a measurement, not a check (no timed assertions): printed only.
         print(f"\nbroker down: delayed mode guaranteed 300/300 via Redis, slowest after "
               f"{max(late) * 1000:.0f} ms (max delay {delayed_cfg.delay_max_ms} ms)")
         d_out, p_out = Outbox(redis_client, delayed_cfg.keyspace), Outbox(redis_client,
