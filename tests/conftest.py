@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis
 
+from eoguard.config import SchemaRegistryConfig
 from eoguard.errors import StackError
 from eoguard.stack import Endpoints, LocalStack, create_topics, spark_jars
 from eoguard.stack.kafka_broker import KafkaBroker, broker_answers
@@ -148,13 +149,11 @@ def schema_registry_url(stack: Endpoints) -> str:
 def schema_registry_client(schema_registry_url: str) -> Iterator[Any]:
     """A confluent-kafka ``SchemaRegistryClient`` of the test's registry, closed at the end
     (an open one leaves sockets behind, which warnings-as-errors fails on)."""
-    from confluent_kafka.schema_registry import SchemaRegistryClient  # noqa: PLC0415 - registry extra
-
-    # A bound on each request: a response that never arrives (seen once in CI: the cluster
-    # topology's registry logged its 404 to a GET the instant it came, the client waited 600 s
-    # in recv; cause not found) times out, and the client sends the request again (a timeout
-    # is a transport error it retries, max.retries: 3 by default).
-    with SchemaRegistryClient({"url": schema_registry_url, "timeout": 10}) as client:
+    # eoguard's own client for a URL (SchemaRegistryConfig.connect: confluent-kafka's, with a
+    # bound on each request, retried when it times out). Seen once in CI with no bound: the
+    # cluster topology's registry logged its 404 to a GET the instant it came, and the client
+    # waited 600 s in recv (cause not found).
+    with SchemaRegistryConfig(url=schema_registry_url).connect() as client:
         yield client
 
 
