@@ -162,8 +162,6 @@ def plain_query(spark: SparkSession, base: JobOptions, run_dir: Path, mode: str 
     """The query a user would write without eoguard (the module docstring's (p)), with a
     floor's Arrow UDF (``mode`` (f) or (g)), or with eoguard's decode (i)."""
     registry = SchemaRegistry.default()
-    envelope_json = json.dumps(registry.get(ENVELOPE_SCHEMA).schema)
-    order_json = json.dumps(registry.get(ORDER).schema)
     raw = spark.readStream.format("kafka").options(**base.source_options()).load()
     if mode == DECODE:
         limits = base.input_limits.within_grace(int(base.grace_s * 1000))  # as the job's
@@ -171,6 +169,8 @@ def plain_query(spark: SparkSession, base: JobOptions, run_dir: Path, mode: str 
                        limits=limits)
                 .filter(F.col("status") == RowStatus.OK.value).select(*OUTPUT_COLUMNS))
     else:
+        envelope_json = json.dumps(registry.get(ENVELOPE_SCHEMA).schema)
+        order_json = json.dumps(registry.get(ORDER).schema)
         body = F.expr(f"substring(value, {HEADER_SIZE + 1}, length(value) - {HEADER_SIZE})")
         rows = (raw.select(from_avro(body, envelope_json, {"mode": "PERMISSIVE"}).alias("e"),
                            "key", "topic", "partition", "offset",
